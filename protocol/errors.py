@@ -1,0 +1,89 @@
+"""One exception tree for everything that can go wrong with a request or a connection.
+
+Each class carries the wire ``code`` that appears in an error reply. Errors whose ``fatal`` flag is
+set end the connection after their reply (the byte stream can no longer be trusted); every other
+error is scoped to the one request it names.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class ServerError(Exception):
+    """Base of every error that can be sent over the wire.
+
+    Args:
+        message: Human-readable explanation, sent as ``error.message``.
+        request_id: The ``id`` of the request this error answers, when known.
+    """
+
+    code: ClassVar[str] = "internal"
+    fatal: ClassVar[bool] = False
+
+    def __init__(self, message: str, *, request_id: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.request_id = request_id
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code!r}, message={self.message!r})"
+
+
+class BadRequest(ServerError):
+    """A request map that is missing a field, has a field of the wrong type, or an unknown op."""
+
+    code = "bad_request"
+
+
+class ProtocolError(ServerError):
+    """The byte stream broke the framing rules; the connection is closed after the reply."""
+
+    code = "protocol_error"
+    fatal = True
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame declared a length above the configured cap; refused before its body is read."""
+
+    code = "frame_too_large"
+
+
+class InternalError(ServerError):
+    """A bug or unexpected failure inside the server while handling one request."""
+
+    code = "internal"
+
+
+class EngineError(ServerError):
+    """The inference engine failed on the batch that held this request."""
+
+    code = "engine_error"
+
+
+class ShuttingDown(ServerError):
+    """The server is draining and admits no new work."""
+
+    code = "shutting_down"
+
+
+class UnknownServerError(ServerError):
+    """An error reply whose code this version does not know (a newer server, say)."""
+
+    def __init__(self, code: str, message: str, *, request_id: int | None = None) -> None:
+        super().__init__(message, request_id=request_id)
+        self.code = code  # type: ignore[misc]
+
+
+ERRORS_BY_CODE: dict[str, type[ServerError]] = {
+    cls.code: cls
+    for cls in (BadRequest, ProtocolError, FrameTooLarge, InternalError, EngineError, ShuttingDown)
+}
+
+
+def error_for_code(code: str, message: str, *, request_id: int | None = None) -> ServerError:
+    """Build the exception matching a wire ``code`` (used by clients to re-raise server errors)."""
+    cls = ERRORS_BY_CODE.get(code)
+    if cls is None:
+        return UnknownServerError(code, message, request_id=request_id)
+    return cls(message, request_id=request_id)
