@@ -1,0 +1,89 @@
+"""The model folder that prepare_model.py writes and the engines load.
+
+Layout (every file at the top level of the folder)::
+
+    serving.json        metadata below (written last: its presence means the folder is complete)
+    config.json, model.safetensors      PyTorch weights (save_pretrained)
+    tokenizer.json, tokenizer_config.json, vocab.txt, ...   the fast tokenizer
+    model.onnx          ONNX export, dynamic batch and sequence axes
+
+This module only reads and writes metadata; it imports neither torch nor onnxruntime.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+METADATA_FILE = "serving.json"
+ONNX_FILE = "model.onnx"
+FORMAT_VERSION = 1
+
+NOT_MEANINGFUL_WARNING = (
+    "THIS MODEL'S ANSWERS ARE NOT MEANINGFUL: its question-answering head is freshly initialised "
+    "(random) on top of a pretrained encoder. It has the compute cost of a real BERT-QA model and is "
+    "fit for benchmarks and end-to-end checks only. Run prepare_model.py with hub access for a "
+    "trained model."
+)
+
+
+class ModelDirError(Exception):
+    """The model folder is missing, incomplete or of an unknown format."""
+
+
+@dataclass(kw_only=True)
+class ModelInfo:
+    """What serving.json says about a prepared model folder."""
+
+    model_name: str
+    source: str
+    input_names: list[str]
+    output_names: list[str] = field(default_factory=lambda: ["start_logits", "end_logits"])
+    meaningful: bool = True
+    warning: str | None = None
+    squad2: bool = False
+    max_seq_len: int = 384
+    onnx_file: str = ONNX_FILE
+    onnx_opset: int = 17
+    onnx_max_abs_diff: float | None = None
+    created: str = ""
+    format: int = FORMAT_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """Serialise as pretty JSON."""
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+
+def load_model_info(model_dir: str | Path) -> ModelInfo:
+    """Read ``serving.json`` from a prepared model folder.
+
+    Raises:
+        ModelDirError: the folder or its metadata is missing or unreadable, with a hint to run
+            prepare_model.py.
+    """
+    path = Path(model_dir) / METADATA_FILE
+    if not path.is_file():
+        raise ModelDirError(
+            f"no prepared model in {Path(model_dir).resolve()} (missing {METADATA_FILE}); "
+            "run `python prepare_model.py` first"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelDirError(f"cannot read {path}: {exc}") from exc
+    if data.get("format") != FORMAT_VERSION:
+        raise ModelDirError(f"{path} has format {data.get('format')!r}, expected {FORMAT_VERSION}")
+    known = set(ModelInfo.__dataclass_fields__)
+    return ModelInfo(**{k: v for k, v in data.items() if k in known})
+
+
+def save_model_info(model_dir: str | Path, info: ModelInfo) -> Path:
+    """Write ``serving.json`` atomically (temp file, then rename)."""
+    path = Path(model_dir) / METADATA_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(info.to_json(), encoding="utf-8")
+    tmp.replace(path)
+    return path

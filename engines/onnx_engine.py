@@ -1,0 +1,81 @@
+"""ONNX Runtime engine: CUDA execution provider when present, else CPU."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from engines.base import Engine, check_outputs
+from engines.model_dir import load_model_info
+
+log = logging.getLogger(__name__)
+
+CUDA_PROVIDER = "CUDAExecutionProvider"
+CPU_PROVIDER = "CPUExecutionProvider"
+
+
+def choose_providers(device: str) -> list[str | tuple[str, dict[str, object]]]:
+    """Execution providers for ``device`` ("auto", "cpu", "cuda" or "cuda:N").
+
+    Raises:
+        RuntimeError: CUDA was asked for explicitly but this onnxruntime build has no CUDA provider.
+    """
+    available = ort.get_available_providers()
+    if device == "cpu":
+        return [CPU_PROVIDER]
+    if CUDA_PROVIDER in available:
+        index = int(device.split(":", 1)[1]) if device.startswith("cuda:") else 0
+        return [(CUDA_PROVIDER, {"device_id": index}), CPU_PROVIDER]
+    if device != "auto":
+        raise RuntimeError(f"device {device!r} asked for, but onnxruntime offers only {available}")
+    return [CPU_PROVIDER]
+
+
+class OnnxEngine(Engine):
+    """Runs ``model.onnx`` from a prepared model folder with one ``InferenceSession``.
+
+    Args:
+        model_dir: Folder written by prepare_model.py.
+        device: "auto" (CUDA if available, else CPU), "cpu", "cuda" or "cuda:N".
+        intra_op_threads: Threads inside one operator; 0 lets ONNX Runtime choose (all cores).
+        inter_op_threads: Threads across independent operators.
+    """
+
+    name = "onnx"
+
+    def __init__(self, model_dir: str | Path, *, device: str = "auto", intra_op_threads: int = 0,
+                 inter_op_threads: int = 1) -> None:
+        info = load_model_info(model_dir)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = intra_op_threads
+        options.inter_op_num_threads = inter_op_threads
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        path = Path(model_dir) / info.onnx_file
+        self.session = ort.InferenceSession(str(path), options, providers=choose_providers(device))
+        active = self.session.get_providers()[0]
+        self.device = "cuda:" + str(self._cuda_index()) if active == CUDA_PROVIDER else "cpu"
+        self.input_names = tuple(i.name for i in self.session.get_inputs())
+        self.output_names = tuple(o.name for o in self.session.get_outputs())
+        self.threads = intra_op_threads
+
+    def _cuda_index(self) -> int:
+        options = self.session.get_provider_options().get(CUDA_PROVIDER, {})
+        return int(options.get("device_id", 0))
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one batch; see :meth:`Engine.run`."""
+        inputs = {name: np.ascontiguousarray(feeds[name], dtype=np.int64) for name in self.input_names}
+        values = self.session.run(list(self.output_names), inputs)
+        outputs = dict(zip(self.output_names, values))
+        check_outputs(inputs, outputs)
+        return outputs
+
+    def describe(self) -> str:
+        """Engine, device and thread settings, for logs."""
+        threads = self.threads or "auto"
+        return f"onnxruntime {ort.__version__} on {self.device} (intra-op threads: {threads})"

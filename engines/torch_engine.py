@@ -1,0 +1,75 @@
+"""PyTorch engine: CUDA when present, else CPU; inference mode."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModelForQuestionAnswering
+
+from engines.base import Engine, check_outputs
+from engines.model_dir import load_model_info
+
+
+def choose_device(device: str) -> torch.device:
+    """A torch device for "auto", "cpu", "cuda" or "cuda:N".
+
+    Raises:
+        RuntimeError: CUDA was asked for explicitly but is not available.
+    """
+    if device == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda:0" if device in ("auto", "cuda") else device)
+    if device != "auto":
+        raise RuntimeError(f"device {device!r} asked for, but torch sees no CUDA device")
+    return torch.device("cpu")
+
+
+class TorchEngine(Engine):
+    """Runs the PyTorch weights of a prepared model folder.
+
+    Args:
+        model_dir: Folder written by prepare_model.py.
+        device: "auto" (CUDA if available, else CPU), "cpu", "cuda" or "cuda:N".
+        threads: CPU threads for torch (process-wide setting); 0 leaves torch's default.
+        half: Run in float16 on CUDA (ignored on CPU).
+    """
+
+    name = "pytorch"
+
+    def __init__(self, model_dir: str | Path, *, device: str = "auto", threads: int = 0,
+                 half: bool = False) -> None:
+        info = load_model_info(model_dir)
+        self.torch_device = choose_device(device)
+        self.device = str(self.torch_device)
+        if threads > 0:
+            torch.set_num_threads(threads)
+        model = AutoModelForQuestionAnswering.from_pretrained(model_dir)
+        if half and self.torch_device.type == "cuda":
+            model = model.half()
+        self.model = model.eval().to(self.torch_device)
+        self.input_names = tuple(info.input_names)
+
+    @torch.inference_mode()
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one batch; see :meth:`Engine.run`."""
+        tensors = {
+            name: torch.from_numpy(np.ascontiguousarray(feeds[name], dtype=np.int64)).to(
+                self.torch_device, non_blocking=True)
+            for name in self.input_names
+        }
+        out = self.model(**tensors, return_dict=True)
+        outputs = {
+            "start_logits": out.start_logits.float().cpu().numpy(),
+            "end_logits": out.end_logits.float().cpu().numpy(),
+        }
+        check_outputs(tensors, outputs)
+        return outputs
+
+    def describe(self) -> str:
+        """Engine, device and dtype, for logs."""
+        dtype = next(self.model.parameters()).dtype
+        return f"pytorch {torch.__version__} on {self.device} ({dtype}, threads: {torch.get_num_threads()})"

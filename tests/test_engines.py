@@ -1,0 +1,83 @@
+"""Both engines load what export_model_dir saved and agree with each other."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engines import load_engine
+from engines.base import check_outputs
+from engines.export import sample_feeds
+from engines.model_dir import METADATA_FILE, ModelDirError, load_model_info
+
+
+def _feeds(model_dir: Path) -> dict[str, np.ndarray]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return sample_feeds(tokenizer, load_model_info(model_dir).input_names)
+
+
+def test_model_dir_holds_weights_tokenizer_onnx_and_metadata(tiny_model_dir: Path) -> None:
+    names = {p.name for p in tiny_model_dir.iterdir()}
+    assert {"model.onnx", "model.safetensors", "config.json", "tokenizer.json", METADATA_FILE} <= names
+    info = load_model_info(tiny_model_dir)
+    assert info.input_names == ["input_ids", "attention_mask", "token_type_ids"]
+    assert info.meaningful is False and "NOT MEANINGFUL" in (info.warning or "")
+    assert info.onnx_max_abs_diff is not None and info.onnx_max_abs_diff < 1e-3
+
+
+@pytest.mark.parametrize("kind", ["onnx", "pytorch"])
+def test_engine_returns_one_row_of_logits_per_input_row(tiny_model_dir: Path, kind: str) -> None:
+    engine = load_engine(kind, tiny_model_dir, device="auto", threads=1)
+    feeds = _feeds(tiny_model_dir)
+    out = engine.run(feeds)
+    rows, length = feeds["input_ids"].shape
+    assert set(out) == {"start_logits", "end_logits"}
+    for value in out.values():
+        assert value.shape == (rows, length) and value.dtype == np.float32
+    assert engine.device == "cpu"  # no GPU on CI: "auto" must fall back cleanly
+
+
+def test_onnx_and_pytorch_logits_agree(tiny_model_dir: Path) -> None:
+    feeds = _feeds(tiny_model_dir)
+    onnx_out = load_engine("onnx", tiny_model_dir, threads=1).run(feeds)
+    torch_out = load_engine("pytorch", tiny_model_dir, threads=1).run(feeds)
+    mask = feeds["attention_mask"].astype(bool)
+    for name in ("start_logits", "end_logits"):
+        np.testing.assert_allclose(onnx_out[name][mask], torch_out[name][mask], atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["onnx", "pytorch"])
+def test_explicit_cuda_without_gpu_is_a_clear_error(tiny_model_dir: Path, kind: str) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(RuntimeError, match="cuda"):
+        load_engine(kind, tiny_model_dir, device="cuda")
+
+
+def test_missing_model_dir_says_to_run_prepare_model(tmp_path: Path) -> None:
+    with pytest.raises(ModelDirError, match="prepare_model.py"):
+        load_engine("onnx", tmp_path)
+
+
+def test_unknown_metadata_format_is_refused(tmp_path: Path) -> None:
+    (tmp_path / METADATA_FILE).write_text(json.dumps({"format": 99}))
+    with pytest.raises(ModelDirError, match="format"):
+        load_model_info(tmp_path)
+
+
+def test_unknown_engine_type_is_refused(tiny_model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="unknown engine"):
+        load_engine("tensorrt", tiny_model_dir)
+
+
+def test_check_outputs_rejects_a_missing_row() -> None:
+    feeds = {"input_ids": np.zeros((3, 4), dtype=np.int64)}
+    with pytest.raises(ValueError, match="2 rows for 3"):
+        check_outputs(feeds, {"start_logits": np.zeros((2, 4), dtype=np.float32)})
