@@ -1,0 +1,230 @@
+"""Client for the QA inference server: a library (``Client``) and an interactive REPL.
+
+    python client.py                                   # REPL against 127.0.0.1:9999
+    python client.py --question "Who?" --context "Bob went home."
+
+Library use::
+
+    from client import Client
+    with Client("127.0.0.1", 9999) as c:
+        print(c.answer("Who went home?", "Bob went home."))
+        futures = [c.submit(q, ctx) for q in questions]   # pipelined on one connection
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from protocol import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FrameDecoder,
+    ProtocolError,
+    ServerError,
+    encode_frame,
+    parse_reply,
+    ping_request,
+    qa_request,
+)
+
+
+class ConnectionLost(ConnectionError):
+    """The connection closed (or broke) before the reply arrived."""
+
+
+class Client:
+    """One TCP connection to the server, safe to share between threads.
+
+    Requests may be pipelined: ``submit`` sends at once and returns a Future; a background reader
+    thread matches replies to futures by ``id``. Server errors are raised as the typed exceptions
+    of ``protocol.errors`` (each carries the wire ``code``).
+
+    Args:
+        host: Server address.
+        port: Server port.
+        connect_timeout: Seconds to wait for the TCP connection.
+        max_frame_size: Largest reply frame accepted.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 9999, *, connect_timeout: float = 10.0,
+                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        self.address = (host, port)
+        self._sock = socket.create_connection(self.address, timeout=connect_timeout)
+        self._sock.settimeout(None)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._decoder = FrameDecoder(max_frame_size)
+        self._ids = itertools.count(1)
+        self._pending: dict[int, Future[dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._closed: BaseException | None = None
+        self._reader = threading.Thread(target=self._read_loop, name="client-reader", daemon=True)
+        self._reader.start()
+
+    # -- requests ------------------------------------------------------------------------------
+    def submit(self, question: str, context: str) -> Future[dict[str, Any]]:
+        """Send a ``qa`` request now; the Future resolves to ``{answer, score, start, end}``."""
+        return self.request(lambda rid: qa_request(rid, question, context))
+
+    def answer(self, question: str, context: str, timeout: float | None = None) -> dict[str, Any]:
+        """Ask one question and wait for the answer.
+
+        Raises:
+            ServerError: a subclass matching the server's error code (e.g. BadRequest).
+            ConnectionLost: the connection closed first.
+            TimeoutError: no reply within ``timeout`` seconds.
+        """
+        return self.submit(question, context).result(timeout)
+
+    def ping(self, timeout: float | None = None) -> dict[str, Any]:
+        """Round trip to the server; returns its ping result (``pong``, ``ready``)."""
+        return self.request(ping_request).result(timeout)
+
+    def request(self, build: Any) -> Future[dict[str, Any]]:
+        """Send ``build(request_id)`` (a request map) and return the Future of its result."""
+        future: Future[dict[str, Any]] = Future()
+        with self._lock:
+            if self._closed is not None:
+                raise ConnectionLost(f"connection to {self.address} is closed") from self._closed
+            request_id = next(self._ids)
+            self._pending[request_id] = future
+        frame = encode_frame(build(request_id))
+        try:
+            with self._send_lock:
+                self._sock.sendall(frame)
+        except OSError as exc:
+            self._fail_all(ConnectionLost(f"send failed: {exc}"))
+        return future
+
+    # -- replies ------------------------------------------------------------------------------
+    def _read_loop(self) -> None:
+        error: BaseException = ConnectionLost("server closed the connection")
+        try:
+            while True:
+                data = self._sock.recv(65536)
+                self._decoder.receive_data(data)
+                while (message := self._decoder.next_message()) is not None:
+                    self._dispatch(message)
+                if not data:
+                    break
+        except (OSError, ProtocolError) as exc:
+            error = exc if isinstance(exc, ServerError) else ConnectionLost(str(exc))
+        self._fail_all(error)
+
+    def _dispatch(self, message: Any) -> None:
+        reply = parse_reply(message)
+        if reply.id is None:  # a connection-level error: it answers every pending request
+            self._fail_all(reply.error or ConnectionLost("server reported an error"))
+            return
+        with self._lock:
+            future = self._pending.pop(reply.id, None)
+        if future is None:
+            return  # a reply to nothing we are waiting for: ignore
+        if reply.ok:
+            future.set_result(reply.result or {})
+        else:
+            assert reply.error is not None
+            future.set_exception(reply.error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._lock:
+            if self._closed is None:
+                self._closed = error
+            pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent and not yet answered."""
+        with self._lock:
+            return len(self._pending)
+
+    def close(self) -> None:
+        """Close the connection; pending requests fail with ConnectionLost."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        self._reader.join(timeout=5)
+        self._fail_all(ConnectionLost("client closed"))
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def print_answer(result: dict[str, Any], elapsed_ms: float) -> None:
+    """Print one answer as the REPL shows it."""
+    answer = result["answer"] or "(no answer)"
+    print(f"  answer: {answer}")
+    print(f"  score: {result['score']:.4f}  span: [{result['start']}, {result['end']})  "
+          f"latency: {elapsed_ms:.1f} ms")
+
+
+def repl(client: Client) -> None:
+    """Ask for a text, then answer questions about it until EOF (Ctrl+D).
+
+    An empty question asks for a new text.
+    """
+    print(f"connected to {client.address[0]}:{client.address[1]} ({client.ping()})")
+    while True:
+        try:
+            context = input("\ntext> ").strip()
+            if not context:
+                continue
+            while question := input("question> ").strip():
+                started = time.perf_counter()
+                try:
+                    result = client.answer(question, context)
+                except ServerError as exc:
+                    print(f"  error [{exc.code}]: {exc.message}")
+                    continue
+                print_answer(result, (time.perf_counter() - started) * 1000)
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit status."""
+    p = argparse.ArgumentParser(description="Ask the QA inference server questions.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=9999)
+    p.add_argument("--question", help="answer this once and exit (needs --context)")
+    p.add_argument("--context", help="the text the question is about")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for an answer")
+    args = p.parse_args(argv)
+    if (args.question is None) != (args.context is None):
+        p.error("--question and --context go together")
+    try:
+        client = Client(args.host, args.port)
+    except OSError as exc:
+        print(f"cannot connect to {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    with client:
+        if args.question is None:
+            repl(client)
+            return 0
+        started = time.perf_counter()
+        try:
+            result = client.answer(args.question, args.context, timeout=args.timeout)
+        except ServerError as exc:
+            print(f"error [{exc.code}]: {exc.message}", file=sys.stderr)
+            return 1
+        print_answer(result, (time.perf_counter() - started) * 1000)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+# QA inference server on a GPU: CUDA torch + onnxruntime-gpu. Build from the repository root:
+#   docker build -f docker/server.Dockerfile -t qa-server .
+#   docker run --rm -v "$PWD/saved_models:/app/saved_models" --entrypoint python qa-server prepare_model.py
+#   docker run --rm --gpus all -p 9999:9999 -v "$PWD/saved_models:/app/saved_models" qa-server
+# cuDNN 9 + CUDA 12 runtime: what onnxruntime-gpu 1.23's CUDA provider links against.
+FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+
+ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 TOKENIZERS_PARALLELISM=false
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /app
+COPY requirements.txt constraints.txt ./
+# Same pins as CPU installs, with onnxruntime swapped for onnxruntime-gpu; pip takes torch's CUDA
+# build from PyPI for the same torch==2.13.0 pin.
+RUN python3 -m venv /opt/venv \
+    && sed 's/^onnxruntime==/onnxruntime-gpu==/' requirements.txt > requirements-gpu.txt \
+    && /opt/venv/bin/pip install -r requirements-gpu.txt -c constraints.txt
+ENV PATH=/opt/venv/bin:$PATH
+
+COPY server.py client.py prepare_model.py ./
+COPY engines/ engines/
+COPY protocol/ protocol/
+COPY transport/ transport/
+
+# The prepared model is mounted here (run prepare_model.py once; see README).
+VOLUME ["/app/saved_models"]
+EXPOSE 9999
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["python", "server.py", "--host", "0.0.0.0"]
+CMD ["--port", "9999"]

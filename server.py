@@ -1,0 +1,277 @@
+"""A raw-TCP, msgpack-framed question-answering inference server.
+
+    python prepare_model.py && python server.py        # 127.0.0.1:9999, 2 ONNX sessions
+    python server.py --host 0.0.0.0 --inference_engine_type pytorch
+
+A listener thread accepts connections; each connection's reader thread decodes frames, validates and
+tokenizes requests, and puts them on one shared bounded queue. N inference-session threads, each with
+its own engine, take batches from that queue and write every reply back on its client's socket.
+See docs/architecture.md and docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from engines import ENGINE_TYPES, load_engine
+from engines.batching import Responder, WorkItem, WorkQueue
+from engines.model_dir import ModelDirError, ModelInfo, load_model_info
+from engines.qa import QAConfig, QATask
+from engines.session import InferenceSession
+from protocol import DEFAULT_MAX_FRAME_SIZE
+from protocol.errors import ShuttingDown
+from protocol.messages import QARequest
+from transport import Connection, Listener
+
+log = logging.getLogger("server")
+
+
+@dataclass(kw_only=True)
+class ServerConfig:
+    """Every serving setting; the CLI flags of the same names fill it."""
+
+    host: str = "127.0.0.1"
+    port: int = 9999
+    num_inference_sessions: int = 2
+    inference_engine_type: str = "onnx"
+    model_dir: str = "saved_models"
+    device: str = "auto"
+    threads_per_session: int = 0  # 0: the machine's cores shared among sessions
+    max_batch_size: int = 1
+    max_queue: int = 1024
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    send_timeout_s: float = 30.0
+    no_answer: str = "auto"  # auto (from the model's metadata), on, off
+    max_seq_len: int = 384
+    doc_stride: int = 128
+    max_answer_len: int = 15
+    shutdown_timeout_s: float = 30.0
+
+    def engine_threads(self) -> int:
+        """Threads per engine: as configured, else the machine's cores shared among sessions."""
+        if self.threads_per_session > 0:
+            return self.threads_per_session
+        return max(1, (os.cpu_count() or 1) // max(1, self.num_inference_sessions))
+
+
+class InferenceServer:
+    """The assembled server. Use as a context manager, or ``start()`` then ``shutdown()``.
+
+    Args:
+        config: Serving settings; ``port=0`` picks a free port (see ``address``).
+    """
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.max_frame_size = config.max_frame_size
+        self.send_timeout_s = config.send_timeout_s
+        self.info: ModelInfo | None = None
+        self.task: QATask | None = None
+        self.queue = WorkQueue(config.max_queue)
+        self.sessions: list[InferenceSession] = []
+        self.connections: set[Connection] = set()
+        self._lock = threading.Lock()
+        self._listener: Listener | None = None
+        self._draining = False
+
+    # -- start -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Load the model into every session, then bind and start accepting.
+
+        Raises:
+            ModelDirError: no prepared model in ``model_dir``.
+            RuntimeError: a session failed to load its engine.
+        """
+        cfg = self.config
+        self.info = load_model_info(cfg.model_dir)
+        if not self.info.meaningful:
+            log.warning("%s", self.info.warning)
+        self.task = QATask.from_dir(cfg.model_dir, self._qa_config(self.info),
+                                    input_names=self.info.input_names)
+        self._start_sessions()
+        sock = socket.create_server((cfg.host, cfg.port), backlog=512)
+        self._listener = Listener(sock, self._accept)
+        self._listener.start()
+        self._log_serving()
+
+    def _qa_config(self, info: ModelInfo) -> QAConfig:
+        cfg = self.config
+        no_answer = info.squad2 if cfg.no_answer == "auto" else cfg.no_answer == "on"
+        return QAConfig(max_seq_len=min(cfg.max_seq_len, info.max_seq_len), doc_stride=cfg.doc_stride,
+                        max_answer_len=cfg.max_answer_len, handle_impossible_answer=no_answer)
+
+    def _start_sessions(self) -> None:
+        cfg = self.config
+        factory = partial(load_engine, cfg.inference_engine_type, cfg.model_dir, device=cfg.device,
+                          threads=cfg.engine_threads())
+        assert self.task is not None
+        self.sessions = [InferenceSession(i, factory, self.task, self.queue, cfg.max_batch_size)
+                         for i in range(cfg.num_inference_sessions)]
+        for session in self.sessions:
+            session.start()
+        for session in self.sessions:
+            session.ready.wait()
+        failed = [s for s in self.sessions if s.load_error is not None]
+        if failed:
+            self.queue.close()
+            error = failed[0].load_error
+            raise RuntimeError(f"{failed[0].name} could not load its engine: {error}") from error
+
+    def _log_serving(self) -> None:
+        cfg, info = self.config, self.info
+        assert info is not None and self.sessions[0].engine is not None
+        host, port = self.address
+        log.info("model: %s (%s) from %s", info.model_name, info.source, os.path.abspath(cfg.model_dir))
+        log.info("engine: %s; %d inference sessions; max batch size %d; queue bound %d",
+                 self.sessions[0].engine.describe(), len(self.sessions), cfg.max_batch_size,
+                 cfg.max_queue)
+        log.info("serving on %s:%d%s", host, port,
+                 "" if host != "127.0.0.1" else " (local only; --host 0.0.0.0 to serve other machines)")
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The (host, port) the server listens on."""
+        assert self._listener is not None, "server not started"
+        host, port = self._listener.sock.getsockname()[:2]
+        return host, port
+
+    # -- what connections call -----------------------------------------------------------------
+    def _accept(self, sock: socket.socket, peer: Any) -> None:
+        conn = Connection(sock, peer, self)
+        with self._lock:
+            self.connections.add(conn)
+        conn.thread.start()
+
+    def admit(self, request: QARequest, respond: Responder, alive: Any) -> None:
+        """Tokenize one request and queue it. Raises BadRequest or ShuttingDown for it alone."""
+        if self._draining:
+            raise ShuttingDown("server is shutting down; request not admitted")
+        assert self.task is not None
+        features = self.task.preprocess(request.question, request.context)
+        self.queue.put(WorkItem(features=features, respond=respond, alive=alive))
+
+    def ping_result(self) -> dict[str, Any]:
+        """Liveness and readiness, for the ``ping`` op."""
+        ready = bool(self.sessions) and all(s.engine is not None for s in self.sessions)
+        return {"pong": True, "ready": ready and not self._draining}
+
+    def forget(self, conn: Connection) -> None:
+        """Drop a closed connection from the registry."""
+        with self._lock:
+            self.connections.discard(conn)
+
+    # -- stop --------------------------------------------------------------------------------
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Stop accepting, refuse new requests, answer every admitted one, close, join.
+
+        Returns:
+            True if every session drained within ``timeout`` (default: the configured one).
+        """
+        timeout = self.config.shutdown_timeout_s if timeout is None else timeout
+        self._draining = True
+        if self._listener is not None:
+            self._listener.stop()
+        self.queue.close()
+        deadline = _Deadline(timeout)
+        for session in self.sessions:
+            session.join(deadline.left())
+        drained = not any(s.is_alive() for s in self.sessions)
+        with self._lock:
+            connections = list(self.connections)
+        for conn in connections:
+            conn.close()
+        for conn in connections:
+            conn.thread.join(deadline.left())
+        log.info("stopped (%s)", "all admitted requests answered" if drained else "timed out")
+        return drained
+
+    def __enter__(self) -> InferenceServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+class _Deadline:
+    """Seconds left until a fixed moment, never negative."""
+
+    def __init__(self, seconds: float) -> None:
+        import time
+
+        self._clock = time.monotonic
+        self._end = self._clock() + seconds
+
+    def left(self) -> float:
+        return max(0.0, self._end - self._clock())
+
+
+def parse_args(argv: list[str] | None = None) -> ServerConfig:
+    """Command-line options -> ServerConfig."""
+    d = ServerConfig()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default=d.host, help="address to bind (0.0.0.0: all interfaces)")
+    p.add_argument("--port", type=int, default=d.port, help="TCP port (0: any free port)")
+    p.add_argument("--num_inference_sessions", type=int, default=d.num_inference_sessions,
+                   help="inference-session threads, each with its own engine")
+    p.add_argument("--inference_engine_type", choices=ENGINE_TYPES, default=d.inference_engine_type)
+    p.add_argument("--model_dir", default=d.model_dir, help="folder written by prepare_model.py")
+    p.add_argument("--device", default=d.device, help="auto, cpu, cuda or cuda:N (auto: GPU if any)")
+    p.add_argument("--threads_per_session", type=int, default=d.threads_per_session,
+                   help="CPU threads per engine (0: cores divided among sessions)")
+    p.add_argument("--max_batch_size", type=int, default=d.max_batch_size,
+                   help="most requests a session runs as one batch")
+    p.add_argument("--max_queue", type=int, default=d.max_queue, help="bound of the shared queue")
+    p.add_argument("--max_frame_size", type=int, default=d.max_frame_size, help="frame cap, bytes")
+    p.add_argument("--send_timeout", dest="send_timeout_s", type=float, default=d.send_timeout_s,
+                   help="seconds a reply may block on a client that does not read")
+    p.add_argument("--no_answer", choices=["auto", "on", "off"], default=d.no_answer,
+                   help="SQuAD2 'no answer' (auto: on for SQuAD2 models)")
+    p.add_argument("--max_seq_len", type=int, default=d.max_seq_len)
+    p.add_argument("--doc_stride", type=int, default=d.doc_stride)
+    p.add_argument("--max_answer_len", type=int, default=d.max_answer_len)
+    p.add_argument("--shutdown_timeout", dest="shutdown_timeout_s", type=float,
+                   default=d.shutdown_timeout_s, help="seconds to finish admitted work on stop")
+    p.add_argument("--log_level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    args = vars(p.parse_args(argv))
+    logging.basicConfig(level=args.pop("log_level"),
+                        format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
+    return ServerConfig(**args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run until SIGINT/SIGTERM; a second signal exits at once. Returns the exit status."""
+    config = parse_args(argv)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if stop.is_set():
+            log.warning("second %s: exiting now", signal.Signals(signum).name)
+            os._exit(1)
+        log.info("%s: stopping (again to force)", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    server = InferenceServer(config)
+    try:
+        server.start()
+    except (ModelDirError, RuntimeError, OSError) as exc:
+        log.error("cannot start: %s", exc)
+        server.shutdown(timeout=5)
+        return 2
+    stop.wait()
+    return 0 if server.shutdown() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""client.py: the library's failure behaviour, the one-shot CLI and the REPL, against a real server."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from client import Client, ConnectionLost
+from server import InferenceServer, ServerConfig
+from tests.helpers import CONTEXTS, QUESTIONS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path) -> Iterator[InferenceServer]:
+    config = ServerConfig(port=0, model_dir=str(tiny_model_dir), num_inference_sessions=1,
+                          threads_per_session=1)
+    with InferenceServer(config) as srv:
+        yield srv
+
+
+def test_pending_and_later_requests_fail_with_connection_lost_when_the_peer_closes() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = Client(*listener.getsockname()[:2])
+    peer, _ = listener.accept()
+    future = client.submit("Who?", "Bob.")
+    peer.recv(1024)  # the request arrived
+    peer.close()
+    with pytest.raises(ConnectionLost):
+        future.result(timeout=10)
+    with pytest.raises(ConnectionLost):
+        client.submit("Who?", "Bob.")
+    client.close()
+    listener.close()
+
+
+def test_one_shot_cli_prints_the_answer_and_latency(server: InferenceServer) -> None:
+    host, port = server.address
+    out = subprocess.run(
+        [sys.executable, "client.py", "--host", host, "--port", str(port),
+         "--question", QUESTIONS[4], "--context", CONTEXTS[4]],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "answer: " in out and "latency: " in out and " ms" in out
+
+
+def test_repl_asks_for_a_text_then_answers_questions(server: InferenceServer) -> None:
+    host, port = server.address
+    session = f"{CONTEXTS[0]}\n{QUESTIONS[0]}\nWhere is it?\n\n{CONTEXTS[1]}\n{QUESTIONS[1]}\n"
+    out = subprocess.run([sys.executable, "client.py", "--host", host, "--port", str(port)],
+                         cwd=ROOT, input=session, capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    assert out.count("answer: ") == 3
+    assert out.count("latency: ") == 3
+
+
+def test_cli_reports_an_unreachable_server() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: connections are refused
+        done = subprocess.run([sys.executable, "client.py", "--port", str(port), "--question", "a",
+                               "--context", "b"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
+    assert done.returncode == 2 and "cannot connect" in done.stderr

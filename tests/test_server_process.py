@@ -1,0 +1,102 @@
+"""server.py as users run it: a real process, its CLI, logs and signal handling."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from protocol import encode_frame, qa_request
+from tests.helpers import CONTEXTS, QUESTIONS, RawConnection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start_server(*args: str) -> tuple[subprocess.Popen[str], tuple[str, int], list[str]]:
+    """Start server.py on a free port; return the process, its address and its log so far."""
+    proc = subprocess.Popen([sys.executable, "server.py", "--port", "0", *args], cwd=ROOT,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stderr is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            raise AssertionError("server exited:\n" + "".join(lines))
+        lines.append(line)
+        if match := re.search(r"serving on ([\d.]+):(\d+)", line):
+            return proc, (match.group(1), int(match.group(2))), lines
+    proc.kill()
+    raise AssertionError("server did not start:\n" + "".join(lines))
+
+
+def drain_log(proc: subprocess.Popen[str], lines: list[str]) -> threading.Thread:
+    """Keep reading the server's log so it never blocks on a full pipe."""
+    assert proc.stderr is not None
+    thread = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    thread.start()
+    return thread
+
+
+def test_help_keeps_the_seed_options() -> None:
+    out = subprocess.run([sys.executable, "server.py", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    for flag in ("--host", "--port", "--num_inference_sessions", "--inference_engine_type",
+                 "--model_dir", "--max_batch_size", "--device"):
+        assert flag in out
+    assert "{onnx,pytorch}" in out
+
+
+def test_missing_model_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "server.py", "--port", "0", "--model_dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "prepare_model.py" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_logs_say_what_serves_where_and_warn_about_meaningless_models(tiny_model_dir: Path) -> None:
+    proc, (host, port), lines = start_server("--model_dir", str(tiny_model_dir),
+                                             "--num_inference_sessions", "3")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0
+    log = "".join(lines)
+    assert "tiny-random-bert-qa-0" in log and "onnxruntime" in log and " on cpu" in log
+    assert "3 inference sessions" in log and f"{host}:{port}" in log
+    assert "NOT MEANINGFUL" in log
+
+
+def test_sigterm_under_load_answers_every_admitted_request_and_exits_zero(
+        tiny_model_dir: Path) -> None:
+    proc, address, lines = start_server("--model_dir", str(tiny_model_dir),
+                                        "--num_inference_sessions", "2", "--threads_per_session", "1")
+    reader = drain_log(proc, lines)
+    conns = [RawConnection(address) for _ in range(4)]
+    total = 50
+    for conn in conns:
+        conn.send_raw(b"".join(encode_frame(qa_request(i, QUESTIONS[i % 6], CONTEXTS[i % 6] * 8))
+                               for i in range(total)))
+    first = conns[0].recv_message()
+    assert first is not None and first["ok"]
+    proc.send_signal(signal.SIGTERM)
+    outcomes: dict[str, int] = {}
+    for n, conn in enumerate(conns):
+        replies = {first["id"]: first} if n == 0 else {}
+        while (message := conn.recv_message()) is not None:
+            assert message["id"] not in replies
+            replies[message["id"]] = message
+        conn.close()
+        assert set(replies) == set(range(total)), "a request got no reply"
+        for reply in replies.values():
+            code = "ok" if reply["ok"] else reply["error"]["code"]
+            outcomes[code] = outcomes.get(code, 0) + 1
+    assert proc.wait(timeout=60) == 0
+    reader.join(10)
+    assert set(outcomes) <= {"ok", "shutting_down"}
+    assert outcomes["ok"] >= 1
+    assert "all admitted requests answered" in "".join(lines)
