@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -11,6 +12,11 @@ from transformers import AutoModelForQuestionAnswering
 
 from engines.base import Engine, check_outputs
 from engines.model_dir import load_model_info
+
+# transformers' from_pretrained is not safe to run in several threads at once (it builds the model
+# on the "meta" device and materialises it; concurrent loads fail with "Cannot copy out of meta
+# tensor"). Sessions load their engines in parallel, so PyTorch loads take turns.
+_LOAD_LOCK = threading.Lock()
 
 
 def choose_device(device: str) -> torch.device:
@@ -47,7 +53,8 @@ class TorchEngine(Engine):
         self.device = str(self.torch_device)
         if threads > 0:
             torch.set_num_threads(threads)
-        model = AutoModelForQuestionAnswering.from_pretrained(model_dir)
+        with _LOAD_LOCK:
+            model = AutoModelForQuestionAnswering.from_pretrained(model_dir)
         if half and self.torch_device.type == "cuda":
             model = model.half()
         self.model = model.eval().to(self.torch_device)

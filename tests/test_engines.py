@@ -81,3 +81,47 @@ def test_check_outputs_rejects_a_missing_row() -> None:
     feeds = {"input_ids": np.zeros((3, 4), dtype=np.int64)}
     with pytest.raises(ValueError, match="2 rows for 3"):
         check_outputs(feeds, {"start_logits": np.zeros((2, 4), dtype=np.float32)})
+
+
+def test_pytorch_engines_load_concurrently_in_session_threads(tiny_model_dir: Path) -> None:
+    import threading
+
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            load_engine("pytorch", tiny_model_dir, threads=1)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+
+
+@pytest.mark.parametrize("kind", ["onnx", "pytorch"])
+def test_served_engines_give_the_pipelines_answers(tiny_model_dir: Path, kind: str) -> None:
+    """The path the server runs (QATask + a real engine on the exported folder) answers exactly as
+    transformers' pipeline does on the same weights, one request at a time and batched."""
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer, pipeline
+
+    from engines.qa import QATask
+    from tests.test_qa_agreement import CASES
+
+    reference = pipeline("question-answering",
+                         model=AutoModelForQuestionAnswering.from_pretrained(tiny_model_dir),
+                         tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir))
+    task = QATask.from_dir(tiny_model_dir)
+    engine = load_engine(kind, tiny_model_dir, threads=1)
+    features = [task.preprocess(q, c) for q, c in CASES]
+    batched = task.answer_batch(features, engine.run(task.collate(features)))
+    for (question, context), feature, together in zip(CASES, features, batched):
+        alone = task.answer_batch([feature], engine.run(task.collate([feature])))[0]
+        expected = reference(question=question, context=context)
+        for ours in (alone, together):
+            assert (ours["answer"], ours["start"], ours["end"]) == (
+                expected["answer"], expected["start"], expected["end"]), question
+            assert ours["score"] == pytest.approx(expected["score"], rel=1e-3, abs=1e-6)
