@@ -31,6 +31,7 @@ from protocol import (
     parse_reply,
     ping_request,
     qa_request,
+    stats_request,
 )
 
 
@@ -85,6 +86,10 @@ class Client:
     def ping(self, timeout: float | None = None) -> dict[str, Any]:
         """Round trip to the server; returns its ping result (``pong``, ``ready``)."""
         return self.request(ping_request).result(timeout)
+
+    def stats(self, timeout: float | None = None) -> dict[str, Any]:
+        """The server's counters, timings and configuration (see docs/metrics.md)."""
+        return self.request(stats_request).result(timeout)
 
     def request(self, build: Any) -> Future[dict[str, Any]]:
         """Send ``build(request_id)`` (a request map) and return the Future of its result."""

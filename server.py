@@ -18,18 +18,22 @@ import signal
 import socket
 import sys
 import threading
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
 from engines import ENGINE_TYPES, load_engine
+from engines.base import Engine
 from engines.batching import Responder, WorkItem, WorkQueue
 from engines.model_dir import ModelDirError, ModelInfo, load_model_info
 from engines.qa import QAConfig, QATask
 from engines.session import InferenceSession
 from protocol import DEFAULT_MAX_FRAME_SIZE
-from protocol.errors import ShuttingDown
-from protocol.messages import QARequest
+from protocol.errors import BadRequest, ServerError, ShuttingDown
+from protocol.messages import PingRequest, QARequest, Request, StatsRequest
+from telemetry.stats import ServerStats
 from transport import Connection, Listener
 
 log = logging.getLogger("server")
@@ -55,6 +59,8 @@ class ServerConfig:
     doc_stride: int = 128
     max_answer_len: int = 15
     shutdown_timeout_s: float = 30.0
+    metrics_port: int | None = None  # Prometheus /metrics; None: off
+    metrics_host: str = "127.0.0.1"
 
     def engine_threads(self) -> int:
         """Threads per engine: as configured, else the machine's cores shared among sessions."""
@@ -68,15 +74,23 @@ class InferenceServer:
 
     Args:
         config: Serving settings; ``port=0`` picks a free port (see ``address``).
+        engine_factory: Builds each session's engine; default: ``load_engine`` with the
+            config's engine type, model folder, device and threads. Lets users (and tests) serve
+            an engine of their own with the same QA task.
     """
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig,
+                 engine_factory: Callable[[], Engine] | None = None) -> None:
         self.config = config
+        self.engine_factory = engine_factory
         self.max_frame_size = config.max_frame_size
         self.send_timeout_s = config.send_timeout_s
         self.info: ModelInfo | None = None
         self.task: QATask | None = None
         self.queue = WorkQueue(config.max_queue)
+        self.stats = ServerStats()
+        self.metrics_address: tuple[str, int] | None = None
+        self._metrics_httpd: Any = None
         self.sessions: list[InferenceSession] = []
         self.connections: set[Connection] = set()
         self._lock = threading.Lock()
@@ -101,7 +115,16 @@ class InferenceServer:
         sock = socket.create_server((cfg.host, cfg.port), backlog=512)
         self._listener = Listener(sock, self._accept)
         self._listener.start()
+        if cfg.metrics_port is not None:
+            self._start_metrics(cfg.metrics_host, cfg.metrics_port)
         self._log_serving()
+
+    def _start_metrics(self, host: str, port: int) -> None:
+        from telemetry.prometheus import serve_metrics
+
+        self._metrics_httpd = serve_metrics(self, host, port)
+        self.metrics_address = self._metrics_httpd.server_address[:2]
+        log.info("Prometheus metrics on http://%s:%d/metrics", *self.metrics_address)
 
     def _qa_config(self, info: ModelInfo) -> QAConfig:
         cfg = self.config
@@ -111,10 +134,12 @@ class InferenceServer:
 
     def _start_sessions(self) -> None:
         cfg = self.config
-        factory = partial(load_engine, cfg.inference_engine_type, cfg.model_dir, device=cfg.device,
-                          threads=cfg.engine_threads())
+        factory = self.engine_factory or partial(
+            load_engine, cfg.inference_engine_type, cfg.model_dir, device=cfg.device,
+            threads=cfg.engine_threads())
         assert self.task is not None
-        self.sessions = [InferenceSession(i, factory, self.task, self.queue, cfg.max_batch_size)
+        self.sessions = [InferenceSession(i, factory, self.task, self.queue, cfg.max_batch_size,
+                                          self.stats)
                          for i in range(cfg.num_inference_sessions)]
         for session in self.sessions:
             session.start()
@@ -149,6 +174,7 @@ class InferenceServer:
         conn = Connection(sock, peer, self)
         with self._lock:
             self.connections.add(conn)
+        self.stats.on_connection(True)
         conn.thread.start()
 
     def admit(self, request: QARequest, respond: Responder, alive: Any) -> None:
@@ -157,17 +183,55 @@ class InferenceServer:
             raise ShuttingDown("server is shutting down; request not admitted")
         assert self.task is not None
         features = self.task.preprocess(request.question, request.context)
-        self.queue.put(WorkItem(features=features, respond=respond, alive=alive))
+        admitted = time.monotonic()
+        stats = self.stats
 
-    def ping_result(self) -> dict[str, Any]:
-        """Liveness and readiness, for the ``ping`` op."""
-        ready = bool(self.sessions) and all(s.engine is not None for s in self.sessions)
-        return {"pong": True, "ready": ready and not self._draining}
+        def respond_and_count(result: dict[str, Any] | None, error: ServerError | None) -> None:
+            respond(result, error)
+            stats.on_finished("ok" if error is None else error.code, time.monotonic() - admitted)
+
+        stats.on_admitted()
+        try:
+            self.queue.put(WorkItem(features=features, respond=respond_and_count, alive=alive,
+                                    enqueued_at=admitted))
+        except BaseException:
+            stats.on_refused()  # the caller replies and counts the error
+            raise
+
+    def control(self, request: Request) -> dict[str, Any]:
+        """Answer a request that needs no engine: ``ping`` or ``stats``."""
+        if isinstance(request, PingRequest):
+            return {"pong": True, "ready": self.ready}
+        if isinstance(request, StatsRequest):
+            return self.stats_result()
+        raise BadRequest(f"op {request.op!r} is not answered here", request_id=request.id)
+
+    @property
+    def ready(self) -> bool:
+        """True while every session has its engine loaded and the server is not draining."""
+        loaded = bool(self.sessions) and all(s.engine is not None for s in self.sessions)
+        return loaded and not self._draining
+
+    def stats_result(self) -> dict[str, Any]:
+        """Counters and timings, plus what is being served and how: the ``stats`` op's result."""
+        result = self.stats.snapshot()
+        result["queue_depth"] = len(self.queue)
+        result["ready"] = self.ready
+        result["config"] = {k: v for k, v in asdict(self.config).items() if v is not None}
+        if self.info is not None:
+            result["model"] = {"name": self.info.model_name, "source": self.info.source,
+                               "meaningful": self.info.meaningful}
+        engine = self.sessions[0].engine if self.sessions else None
+        if engine is not None:
+            result["engine"] = {"type": engine.name, "device": engine.device,
+                                "description": engine.describe()}
+        return result
 
     def forget(self, conn: Connection) -> None:
         """Drop a closed connection from the registry."""
         with self._lock:
             self.connections.discard(conn)
+        self.stats.on_connection(False)
 
     # -- stop --------------------------------------------------------------------------------
     def shutdown(self, timeout: float | None = None) -> bool:
@@ -191,6 +255,9 @@ class InferenceServer:
             conn.close()
         for conn in connections:
             conn.thread.join(deadline.left())
+        if self._metrics_httpd is not None:
+            self._metrics_httpd.shutdown()
+            self._metrics_httpd.server_close()
         log.info("stopped (%s)", "all admitted requests answered" if drained else "timed out")
         return drained
 
@@ -241,6 +308,9 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p.add_argument("--max_answer_len", type=int, default=d.max_answer_len)
     p.add_argument("--shutdown_timeout", dest="shutdown_timeout_s", type=float,
                    default=d.shutdown_timeout_s, help="seconds to finish admitted work on stop")
+    p.add_argument("--metrics_port", type=int, default=None,
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)")
+    p.add_argument("--metrics_host", default=d.metrics_host, help="address for --metrics_port")
     p.add_argument("--log_level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = vars(p.parse_args(argv))
     logging.basicConfig(level=args.pop("log_level"),

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from engines.base import Engine
 from engines.batching import WorkItem, WorkQueue
 from protocol.errors import EngineError, InternalError, ServerError
+from telemetry.stats import ServerStats
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +39,19 @@ class InferenceSession(threading.Thread):
         task: Turns features into engine inputs and engine outputs into answers.
         queue: The shared work queue.
         max_batch_size: Most requests run together as one batch.
+        stats: Where batch sizes, queue waits and engine times are recorded.
     """
 
     def __init__(self, index: int, engine_factory: Callable[[], Engine], task: BatchTask,
-                 queue: WorkQueue, max_batch_size: int = 1) -> None:
+                 queue: WorkQueue, max_batch_size: int = 1,
+                 stats: ServerStats | None = None) -> None:
         super().__init__(name=f"session-{index}", daemon=True)
         self.index = index
         self.engine_factory = engine_factory
         self.task = task
         self.queue = queue
         self.max_batch_size = max_batch_size
+        self.stats = stats if stats is not None else ServerStats()
         self.engine: Engine | None = None
         self.ready = threading.Event()
         self.load_error: BaseException | None = None
@@ -69,13 +74,19 @@ class InferenceSession(threading.Thread):
 
     def run_batch(self, batch: list[WorkItem]) -> None:
         """Run one batch; every item gets exactly one response, errors scoped to this batch."""
+        taken = time.monotonic()
         live = [item for item in batch if item.alive()]
+        for _ in range(len(batch) - len(live)):
+            self.stats.on_finished("client_gone", None)  # dropped before the engine
         if not live:
             return
         assert self.engine is not None
         features = [item.features for item in live]
         try:
-            outputs = self.engine.run(self.task.collate(features))
+            feeds = self.task.collate(features)
+            started = time.monotonic()
+            outputs = self.engine.run(feeds)
+            engine_s = time.monotonic() - started
             per_request = self.task.split_outputs(features, outputs)
         except Exception as exc:  # noqa: BLE001 - the batch fails, the session keeps serving
             log.exception("%s: engine failed on a batch of %d", self.name, len(live))
@@ -84,6 +95,8 @@ class InferenceSession(threading.Thread):
                 _respond(item, None, error)
             return
         self.batches_run += 1
+        rows = len(next(iter(feeds.values())))
+        self.stats.on_batch(len(live), rows, [taken - i.enqueued_at for i in live], engine_s)
         for item, (start, end) in zip(live, per_request):
             self._answer(item, start, end)
 

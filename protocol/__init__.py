@@ -27,12 +27,14 @@ from protocol.messages import (
     QARequest,
     Reply,
     Request,
+    StatsRequest,
     error_reply,
     ok_reply,
     parse_reply,
     parse_request,
     ping_request,
     qa_request,
+    stats_request,
 )
 
 __all__ = [
@@ -60,10 +62,12 @@ __all__ = [
     "QARequest",
     "Reply",
     "Request",
+    "StatsRequest",
     "error_reply",
     "ok_reply",
     "parse_reply",
     "parse_request",
     "ping_request",
     "qa_request",
+    "stats_request",
 ]

@@ -20,6 +20,7 @@ __all__ = [
     "REQUEST_PARSERS",
     "PingRequest",
     "QARequest",
+    "StatsRequest",
     "Reply",
     "Request",
     "error_reply",
@@ -28,6 +29,7 @@ __all__ = [
     "parse_request",
     "ping_request",
     "qa_request",
+    "stats_request",
 ]
 
 _MAX_ECHO = 64  # longest client-supplied text echoed back inside an error message
@@ -51,7 +53,15 @@ class PingRequest:
     id: int
 
 
-Request: TypeAlias = QARequest | PingRequest
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StatsRequest:
+    """The server's counters, timings and configuration; see docs/metrics.md."""
+
+    op: ClassVar[str] = "stats"
+    id: int
+
+
+Request: TypeAlias = QARequest | PingRequest | StatsRequest
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -163,11 +173,16 @@ def _parse_ping(obj: Mapping[Any, Any], request_id: int) -> PingRequest:
     return PingRequest(id=request_id)
 
 
+def _parse_stats(obj: Mapping[Any, Any], request_id: int) -> StatsRequest:
+    return StatsRequest(id=request_id)
+
+
 RequestParser: TypeAlias = Callable[[Mapping[Any, Any], int], Request]
 
 REQUEST_PARSERS: dict[str, RequestParser] = {
     QARequest.op: _parse_qa,
     PingRequest.op: _parse_ping,
+    StatsRequest.op: _parse_stats,
 }
 """Op name -> parser taking the request map and its already validated ``id``."""
 
@@ -181,7 +196,7 @@ def parse_request(obj: object) -> Request:
         obj: The map decoded from a frame.
 
     Returns:
-        A :class:`QARequest` or :class:`PingRequest`.
+        A :class:`QARequest`, :class:`PingRequest` or :class:`StatsRequest`.
 
     Raises:
         BadRequest: not a map, a missing or wrongly typed field, an unknown op, or an empty
@@ -206,6 +221,11 @@ def qa_request(request_id: int, question: str, context: str) -> dict[str, Any]:
 def ping_request(request_id: int) -> dict[str, Any]:
     """Build the wire map of a ``ping`` request."""
     return {"id": request_id, "op": PingRequest.op}
+
+
+def stats_request(request_id: int) -> dict[str, Any]:
+    """Build the wire map of a ``stats`` request."""
+    return {"id": request_id, "op": StatsRequest.op}
 
 
 # --------------------------------------------------------------------------- replies

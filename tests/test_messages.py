@@ -77,7 +77,7 @@ def test_requests_are_frozen_and_carry_their_op() -> None:
     with pytest.raises(AttributeError):
         request.id = 2  # type: ignore[misc]
     assert QARequest.op == "qa" and PingRequest.op == "ping"
-    assert set(REQUEST_PARSERS) == {"qa", "ping"}
+    assert set(REQUEST_PARSERS) == {"qa", "ping", "stats"}
 
 
 def test_unknown_fields_are_ignored() -> None:
@@ -232,3 +232,10 @@ def test_malformed_reply_is_a_protocol_error(obj: object, field: str) -> None:
     with pytest.raises(ProtocolError, match=field) as info:
         parse_reply(obj)
     assert type(info.value) is ProtocolError
+
+
+def test_stats_request_round_trips_and_takes_no_fields() -> None:
+    from protocol import StatsRequest, stats_request
+
+    assert parse_request(stats_request(9)) == StatsRequest(id=9)
+    assert parse_request({"id": 4, "op": "stats", "extra": [1, 2]}) == StatsRequest(id=4)

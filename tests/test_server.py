@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from client import Client
+from engines import load_engine
+from engines.base import Engine
 from protocol import BadRequest, encode_frame, qa_request
 from server import InferenceServer, ServerConfig
 from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, Reference, header
@@ -166,26 +170,48 @@ def test_client_vanishing_with_requests_in_flight_does_not_hurt_the_server(
         assert client.answer(QUESTIONS[4], CONTEXTS[4], timeout=60)["answer"]
 
 
+class GatedEngine(Engine):
+    """A real engine that holds every batch until the test opens the gate."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner, self.gate = inner, threading.Event()
+        self.input_names, self.name = inner.input_names, "gated"
+
+    def run(self, feeds: Any) -> dict[str, Any]:
+        assert self.gate.wait(60), "the test never opened the gate"
+        return self.inner.run(feeds)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.01)
+
+
 def test_shutdown_answers_admitted_requests_and_refuses_new_ones(tiny_model_dir: Path) -> None:
+    engine = GatedEngine(load_engine("onnx", tiny_model_dir, threads=1))
     config = ServerConfig(port=0, model_dir=str(tiny_model_dir), num_inference_sessions=1,
-                          threads_per_session=1)
-    srv = InferenceServer(config)
+                          max_batch_size=2)
+    srv = InferenceServer(config, engine_factory=lambda: engine)
     srv.start()
     conn = RawConnection(srv.address)
-    conn.send_raw(b"".join(encode_frame(qa_request(i, QUESTIONS[1], CONTEXTS[1] * 10))
-                           for i in range(40)))
-    first = conn.recv_message()  # the server is busy with the burst
-    assert first is not None and first["ok"]
+    conn.send_raw(b"".join(encode_frame(qa_request(i, QUESTIONS[i % 6], CONTEXTS[i % 6]))
+                           for i in range(10)))
+    wait_until(lambda: srv.stats.admitted == 10)  # all admitted; the first batch is held
     stopper = threading.Thread(target=srv.shutdown)
     stopper.start()
-    replies = {first["id"]: first}
-    while (message := conn.recv_message()) is not None:
-        replies[message["id"]] = message
-    stopper.join(30)
-    assert set(replies) == set(range(40))  # one reply each, none lost
-    refused = [r for r in replies.values() if not r["ok"]]
-    assert all(r["error"]["code"] == "shutting_down" for r in refused)  # the rest were answered
-    assert len(refused) < 40
-    conn.close()
+    wait_until(lambda: not srv.ready)  # draining
+    conn.send(qa_request(99, QUESTIONS[0], CONTEXTS[0]))
+    refused = conn.recv_message()
+    assert refused is not None and refused["id"] == 99
+    assert refused["error"]["code"] == "shutting_down"
     with pytest.raises(OSError):
-        socket.create_connection(srv.address, timeout=2)
+        socket.create_connection(srv.address, timeout=2)  # no longer accepting
+    engine.gate.set()
+    replies = conn.recv_replies(10)
+    assert all(r["ok"] for r in replies.values())  # every admitted request answered
+    assert conn.recv_message() is None  # then the connection is closed
+    stopper.join(30)
+    assert not stopper.is_alive()
+    conn.close()

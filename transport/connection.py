@@ -2,7 +2,7 @@
 
 The wire format itself lives in protocol/ (sans-IO); this package only moves its bytes. What to do
 with an admitted request is the server's business: a connection calls ``server.admit(...)``,
-``server.ping_result()`` and ``server.forget(conn)`` and needs nothing else from it.
+``server.control(...)``, ``server.stats`` and ``server.forget(conn)`` and needs nothing else from it.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from functools import partial
 from typing import Any, Protocol
 
 from engines.batching import Responder
-from protocol import FrameDecoder, PingRequest, encode_frame, error_reply, ok_reply, parse_request
+from protocol import FrameDecoder, encode_frame, error_reply, ok_reply, parse_request
 from protocol.errors import InternalError, ProtocolError, ServerError
-from protocol.messages import QARequest
+from protocol.messages import REQUEST_PARSERS, QARequest, Request
+from telemetry.stats import ServerStats
 
 log = logging.getLogger("server.transport")
 
@@ -29,12 +30,13 @@ class ServerHooks(Protocol):
 
     max_frame_size: int
     send_timeout_s: float
+    stats: ServerStats
 
     def admit(self, request: QARequest, respond: Responder, alive: Callable[[], bool]) -> None:
         """Tokenize and queue one request, or raise a ServerError for it."""
 
-    def ping_result(self) -> dict[str, Any]:
-        """The result of a ping."""
+    def control(self, request: Request) -> dict[str, Any]:
+        """The result of a request answered at once, without the queue (ping, stats)."""
 
     def forget(self, conn: Connection) -> None:
         """The connection has closed."""
@@ -86,6 +88,7 @@ class Connection:
                     self.handle(message)
             except ProtocolError as exc:
                 log.info("connection %s: %s; closing", self.peer, exc)
+                self.server.stats.count("frame", exc.code)
                 self.send(error_reply(None, exc))
                 return
             if not data:
@@ -94,19 +97,23 @@ class Connection:
     def handle(self, message: Any) -> None:
         """Validate one decoded request and answer it or admit it to the work queue."""
         request_id = None
+        op = _op_name(message)
         try:
             request = parse_request(message)
             request_id = request.id
-            if isinstance(request, PingRequest):
-                self.send(ok_reply(request_id, self.server.ping_result()))
+            if isinstance(request, QARequest):
+                self._admit(request)
                 return
-            self._admit(request)
+            self.send(ok_reply(request_id, self.server.control(request)))
+            self.server.stats.count(op, "ok")
         except ServerError as exc:
             rid = exc.request_id if exc.request_id is not None else request_id
             self.send(error_reply(rid, exc))
+            self.server.stats.count(op, exc.code)
         except Exception as exc:  # noqa: BLE001 - one bad request fails alone
             log.exception("connection %s: unexpected error handling a request", self.peer)
             self.send(error_reply(request_id, InternalError(f"{type(exc).__name__}: {exc}")))
+            self.server.stats.count(op, InternalError.code)
 
     def _admit(self, request: QARequest) -> None:
         with self._pending_done:
@@ -158,6 +165,12 @@ class Connection:
             self.sock.close()
         with self._pending_done:
             self._pending_done.notify_all()
+
+
+def _op_name(message: Any) -> str:
+    """The request's op for counting: a known op's name, else "invalid"."""
+    op = message.get("op") if isinstance(message, dict) else None
+    return op if isinstance(op, str) and op in REQUEST_PARSERS else "invalid"
 
 
 def _set_send_timeout(sock: socket.socket, seconds: float) -> None:

@@ -1,0 +1,157 @@
+"""Prometheus exposition of the server's statistics, plus GPU figures through NVML.
+
+The collector reads ``ServerStats`` at scrape time (one source of truth with the ``stats`` op) and
+yields conventional metric families: ``_total`` counters, ``_seconds`` histograms, gauges. GPU
+series come from nvidia-ml-py and are absent (not zero) when no NVIDIA GPU or driver is present.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from telemetry.stats import TIME_BUCKETS, Timing
+
+log = logging.getLogger(__name__)
+PREFIX = "qa_server"
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class StatsSource(Protocol):
+    """What the collector reads (server.InferenceServer satisfies it)."""
+
+    def stats_result(self) -> dict[str, Any]: ...
+
+    @property
+    def stats(self) -> Any: ...
+
+
+class ServerCollector(Collector):
+    """Turns one server's statistics into Prometheus metric families at each scrape."""
+
+    def __init__(self, server: StatsSource, gpus: GpuProbe | None = None) -> None:
+        self.server = server
+        self.gpus = gpus if gpus is not None else GpuProbe()
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield every metric family (called by prometheus-client on each scrape)."""
+        snap = self.server.stats_result()
+        stats = self.server.stats
+        yield _info(snap)
+        requests = CounterMetricFamily(f"{PREFIX}_requests", "Requests answered, by op and outcome "
+                                       "(ok or the error code)", labels=["op", "outcome"])
+        for op, outcomes in snap["requests"].items():
+            for outcome, n in outcomes.items():
+                requests.add_metric([op, outcome], n)
+        yield requests
+        yield _gauge("queue_depth", "Requests waiting in the shared queue", snap["queue_depth"])
+        yield _gauge("in_flight_requests", "Admitted requests not yet answered", snap["in_flight"])
+        yield _gauge("ready", "1 when every session is loaded and the server is not draining",
+                     int(snap["ready"]))
+        yield _gauge("uptime_seconds", "Seconds since the server started", snap["uptime_s"])
+        yield _gauge("connections_open", "Client connections open now", snap["connections_open"])
+        yield CounterMetricFamily(f"{PREFIX}_connections", "Client connections accepted",
+                                  value=snap["connections_total"])
+        yield CounterMetricFamily(f"{PREFIX}_batches", "Batches run by all sessions",
+                                  value=snap["batches"])
+        yield CounterMetricFamily(f"{PREFIX}_batch_rows", "Windows (engine rows) run in batches",
+                                  value=snap["batch_rows"])
+        yield _batch_histogram(snap["batch_size_histogram"])
+        yield _time_histogram("queue_time_seconds", "Time from admission until a session took "
+                              "the request", stats.queue_time)
+        yield _time_histogram("engine_time_seconds", "Engine time per batch", stats.engine_time)
+        yield _time_histogram("request_duration_seconds", "Time from admission until the reply "
+                              "was written", stats.request_time)
+        yield from self.gpus.collect()
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+
+def _info(snap: dict[str, Any]) -> GaugeMetricFamily:
+    labels = {"model": snap.get("model", {}).get("name", ""),
+              "engine": snap.get("engine", {}).get("type", ""),
+              "device": snap.get("engine", {}).get("device", ""),
+              "sessions": str(snap["config"]["num_inference_sessions"]),
+              "max_batch_size": str(snap["config"]["max_batch_size"])}
+    info = GaugeMetricFamily(f"{PREFIX}_info", "What is being served (value is always 1)",
+                             labels=list(labels))
+    info.add_metric(list(labels.values()), 1)
+    return info
+
+
+def _time_histogram(name: str, doc: str, timing: Timing) -> HistogramMetricFamily:
+    cumulative, running = [], 0
+    for bound, n in zip([*map(str, TIME_BUCKETS), "+Inf"], timing.buckets):
+        running += n
+        cumulative.append((bound, running))
+    return HistogramMetricFamily(f"{PREFIX}_{name}", doc, buckets=cumulative,
+                                 sum_value=timing.total)
+
+
+def _batch_histogram(sizes: dict[str, int]) -> HistogramMetricFamily:
+    counts = {int(k): v for k, v in sizes.items()}
+    buckets = [(str(b), sum(n for s, n in counts.items() if s <= b)) for b in BATCH_BUCKETS]
+    buckets.append(("+Inf", sum(counts.values())))
+    return HistogramMetricFamily(f"{PREFIX}_batch_size", "Requests per batch", buckets=buckets,
+                                 sum_value=sum(s * n for s, n in counts.items()))
+
+
+class GpuProbe:
+    """Per-GPU utilisation, memory and power through NVML; yields nothing without a GPU."""
+
+    def __init__(self) -> None:
+        self.handles: list[Any] = []
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
+                            for i in range(pynvml.nvmlDeviceGetCount())]
+            self._nvml = pynvml
+        except Exception as exc:  # noqa: BLE001 - no driver, no library, no GPU: no GPU series
+            log.info("no NVIDIA GPU metrics: %s", exc)
+
+    def collect(self) -> Iterator[Metric]:
+        """GPU metric families, or nothing at all when there is no GPU."""
+        if not self.handles:
+            return
+        nvml = self._nvml
+        util = GaugeMetricFamily(f"{PREFIX}_gpu_utilization_ratio",
+                                 "Fraction of time a kernel ran on the GPU (0-1)", labels=["gpu"])
+        used = GaugeMetricFamily(f"{PREFIX}_gpu_memory_used_bytes", "GPU memory in use",
+                                 labels=["gpu"])
+        total = GaugeMetricFamily(f"{PREFIX}_gpu_memory_total_bytes", "GPU memory in all",
+                                  labels=["gpu"])
+        power = GaugeMetricFamily(f"{PREFIX}_gpu_power_watts", "GPU power draw", labels=["gpu"])
+        for index, handle in enumerate(self.handles):
+            label = [str(index)]
+            util.add_metric(label, nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100)
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            used.add_metric(label, memory.used)
+            total.add_metric(label, memory.total)
+            power.add_metric(label, nvml.nvmlDeviceGetPowerUsage(handle) / 1000)
+        yield from (util, used, total, power)
+
+
+def serve_metrics(server: StatsSource, host: str, port: int) -> Any:
+    """Serve ``/metrics`` for ``server`` on its own registry in a background thread.
+
+    Returns:
+        The HTTP server (``server_address`` gives the bound port; ``shutdown()`` stops it).
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServerCollector(server))
+    httpd, _thread = start_http_server(port, addr=host, registry=registry)
+    return httpd

@@ -1,0 +1,141 @@
+"""In-process serving statistics: counters, histograms and recent-sample percentiles.
+
+One ``ServerStats`` per server, updated from reader and session threads under one lock. It is the
+single source of truth for both the ``stats`` protocol op and the Prometheus exporter.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections import Counter, deque
+from typing import Any
+
+#: Histogram bucket upper bounds in seconds (Prometheus-style, cumulative when exported).
+TIME_BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                   0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: Recent samples kept per timing for percentiles.
+RESERVOIR = 8192
+
+
+class Timing:
+    """Count, sum, fixed buckets, and the most recent samples of one duration (seconds).
+
+    Not thread-safe by itself: ``ServerStats`` holds the lock.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0.0
+        self.maximum = 0.0
+        self.buckets = [0] * (len(TIME_BUCKETS) + 1)  # the last one is +Inf
+        self.recent: deque[float] = deque(maxlen=RESERVOIR)
+
+    def observe(self, seconds: float) -> None:
+        """Record one duration."""
+        self.count += 1
+        self.total += seconds
+        self.maximum = max(self.maximum, seconds)
+        self.buckets[bisect.bisect_left(TIME_BUCKETS, seconds)] += 1
+        self.recent.append(seconds)
+
+    def summary(self) -> dict[str, float]:
+        """Count, mean and max over all samples; p50/p90/p99 over the recent ones (milliseconds)."""
+        ordered = sorted(self.recent)
+        out = {"count": self.count, "mean_ms": 1000 * self.total / self.count if self.count else 0.0,
+               "max_ms": 1000 * self.maximum}
+        for q in (50, 90, 99):
+            out[f"p{q}_ms"] = 1000 * _nearest_rank(ordered, q) if ordered else 0.0
+        return out
+
+
+def _nearest_rank(ordered: list[float], q: float) -> float:
+    index = min(len(ordered) - 1, max(0, -(-len(ordered) * q // 100) - 1))
+    return ordered[int(index)]
+
+
+class ServerStats:
+    """Everything the server counts. Every method is thread-safe.
+
+    Requests are counted by ``(op, outcome)``, outcome being "ok" or the error code. A ``qa``
+    request is *admitted* when it enters the queue and *finished* when its reply is written or it
+    is dropped because its client left; ``in_flight`` is the difference.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.started = time.monotonic()
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self.admitted = 0
+        self.finished = 0
+        self.batches = 0
+        self.batch_sizes: Counter[int] = Counter()  # requests per batch -> batches
+        self.batch_rows = 0  # windows run, summed over batches
+        self.queue_time = Timing()  # admitted -> taken by a session
+        self.engine_time = Timing()  # one engine.run per batch
+        self.request_time = Timing()  # admitted -> reply written
+        self.connections_open = 0
+        self.connections_total = 0
+
+    def count(self, op: str, outcome: str) -> None:
+        """A request answered without entering the queue (ping, stats, or refused at the door)."""
+        with self._lock:
+            self.requests[(op, outcome)] += 1
+
+    def on_admitted(self) -> None:
+        """A qa request entered the queue."""
+        with self._lock:
+            self.admitted += 1
+
+    def on_refused(self) -> None:
+        """Undo ``on_admitted``: the queue refused the request after all."""
+        with self._lock:
+            self.admitted -= 1
+
+    def on_finished(self, outcome: str, seconds: float | None) -> None:
+        """An admitted qa request was answered (``seconds`` since admission) or dropped (None)."""
+        with self._lock:
+            self.finished += 1
+            self.requests[("qa", outcome)] += 1
+            if seconds is not None:
+                self.request_time.observe(seconds)
+
+    def on_batch(self, size: int, rows: int, queue_waits: list[float], engine_s: float) -> None:
+        """A session ran one batch of ``size`` requests (``rows`` windows)."""
+        with self._lock:
+            self.batches += 1
+            self.batch_sizes[size] += 1
+            self.batch_rows += rows
+            self.engine_time.observe(engine_s)
+            for wait in queue_waits:
+                self.queue_time.observe(wait)
+
+    def on_connection(self, opened: bool) -> None:
+        """A connection opened (True) or closed (False)."""
+        with self._lock:
+            self.connections_open += 1 if opened else -1
+            self.connections_total += 1 if opened else 0
+
+    def snapshot(self) -> dict[str, Any]:
+        """A plain-data copy of every figure (msgpack and JSON friendly)."""
+        with self._lock:
+            by_op: dict[str, dict[str, int]] = {}
+            for (op, outcome), n in sorted(self.requests.items()):
+                by_op.setdefault(op, {})[outcome] = n
+            sizes = sum(s * n for s, n in self.batch_sizes.items())
+            return {
+                "uptime_s": time.monotonic() - self.started,
+                "requests": by_op,
+                "admitted": self.admitted,
+                "in_flight": self.admitted - self.finished,
+                "batches": self.batches,
+                "batch_size_histogram": {str(k): v for k, v in sorted(self.batch_sizes.items())},
+                "mean_batch_size": sizes / self.batches if self.batches else 0.0,
+                "batch_rows": self.batch_rows,
+                "queue_time": self.queue_time.summary(),
+                "engine_time": self.engine_time.summary(),
+                "request_time": self.request_time.summary(),
+                "connections_open": self.connections_open,
+                "connections_total": self.connections_total,
+            }
