@@ -1,120 +1,412 @@
-"""Load the QA server with many client processes and report latency and throughput.
+"""Load the QA server and report latency and throughput over every request.
 
-    python stress_test.py --num_simultaneous_clients 5 --num_total_clients 100 --num_request_per_client 10
+    python stress_test.py --num_simultaneous_clients 5 --num_total_clients 100
+    python stress_test.py --sweep 1,5,20,50 --json runs.json --plot runs.png
+    python stress_test.py --rate 50 --duration 30            # open loop: Poisson arrivals
 
-Each client is a separate process (no shared GIL with the others) with its own connection; it sends
-its requests one after another and times each round trip. A short warm-up is not counted.
+Closed loop (the default): ``--num_total_clients`` client connections,
+``--num_simultaneous_clients`` at a time, each sending ``--num_request_per_client`` requests
+(``--pipeline`` in flight). Open loop (``--rate``): requests arrive at random (Poisson) at a fixed
+total rate whatever the server does, and latency counts from each request's scheduled time.
+Clients run in ``--processes`` worker processes, several connections each. The server's own
+breakdown comes from its ``stats`` op. See docs/load_testing.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import statistics
+import json
+import math
+import os
 import sys
 import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
+from bench.loadgen import (
+    TIMINGS,
+    ClosedSpec,
+    OpenSpec,
+    check_positive,
+    closed_worker,
+    json_safe,
+    measure,
+    open_worker,
+    process_count,
+    split_evenly,
+    summarize_lags,
+)
 
-from client import Client
-from protocol import ServerError
-
-# A small built-in request mix of varied lengths (written for this project).
-PAIRS = [
-    ("Where does the ferry leave from?",
-     "The morning ferry leaves from the north pier at seven and reaches the island an hour later."),
-    ("Who designed the bridge?",
-     "The suspension bridge, opened in 1932, was designed by the engineer Lena Brandt, whose firm "
-     "also built two dams upstream. It carries four lanes of traffic and a footpath on each side."),
-    ("What is the capital?", "Its capital, Valdora, sits on a plateau above the river delta."),
-    ("How long did the expedition last?",
-     " ".join(["The expedition crossed the ice sheet from west to east."] * 6
-              + ["In all it lasted ninety-three days, four more than planned."])),
-]
+DEFAULT_DATA = Path(__file__).resolve().parent / "bench" / "data" / "qa_pairs.jsonl"
 
 
-def run_client(args: tuple[str, int, int]) -> list[tuple[float, str]]:
-    """One client process: returns (latency seconds, outcome code) per request."""
-    host, port, count = args
-    results: list[tuple[float, str]] = []
-    with Client(host, port) as client:
-        for n in range(count):
-            question, context = PAIRS[n % len(PAIRS)]
-            started = time.perf_counter()
-            try:
-                client.answer(question, context, timeout=120)
-                code = "ok"
-            except ServerError as exc:
-                code = exc.code
-            except Exception as exc:  # noqa: BLE001 - counted, not fatal
-                code = type(exc).__name__
-            results.append((time.perf_counter() - started, code))
-    return results
+# -- the request mix ---------------------------------------------------------------------------
+def load_pairs(path: str | Path | None = None) -> list[tuple[str, str]]:
+    """(question, context) pairs from a JSON-lines file or a JSON list of objects.
+
+    Each object needs string ``question`` and ``context`` fields; other fields are ignored.
+
+    Args:
+        path: The file; None: the shipped mix, ``bench/data/qa_pairs.jsonl``.
+
+    Raises:
+        OSError: The file cannot be read.
+        ValueError: It is not valid JSON, an object lacks a field, or it holds no pairs.
+    """
+    path = Path(path) if path is not None else DEFAULT_DATA
+    text = path.read_text(encoding="utf-8-sig")
+    if text.lstrip().startswith("["):
+        records = list(enumerate(json.loads(text)))
+        where = "item"
+    else:
+        records = [(n, _json_line(path, n, line)) for n, line in enumerate(text.splitlines(), 1)
+                   if line.strip()]
+        where = "line"
+    pairs = [_pair(record, f"{path}, {where} {n}") for n, record in records]
+    if not pairs:
+        raise ValueError(f"{path} holds no question/context pairs")
+    return pairs
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list."""
-    index = min(len(sorted_values) - 1, max(0, round(q / 100 * len(sorted_values) + 0.5) - 1))
-    return sorted_values[index]
+def _json_line(path: Path, number: int, line: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}, line {number}: not JSON ({exc.msg})") from None
 
 
-def report(results: list[tuple[float, str]], wall_s: float) -> dict[str, Any]:
-    """Figures over every request (not per-client means)."""
-    latencies = sorted(1000 * lat for lat, code in results if code == "ok")
-    errors: dict[str, int] = {}
-    for _, code in results:
-        if code != "ok":
-            errors[code] = errors.get(code, 0) + 1
-    figures: dict[str, Any] = {"requests": len(results), "ok": len(latencies), "errors": errors,
-                               "throughput_rps": len(latencies) / wall_s if wall_s else 0.0}
-    if latencies:
-        figures.update(mean_ms=statistics.fmean(latencies),
-                       std_ms=statistics.pstdev(latencies),
-                       **{f"p{q}_ms": percentile(latencies, q) for q in (50, 90, 95, 99)},
-                       max_ms=latencies[-1])
-    return figures
+def _pair(record: Any, where: str) -> tuple[str, str]:
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected an object with 'question' and 'context'")
+    for field in ("question", "context"):
+        if not isinstance(record.get(field), str):
+            raise ValueError(f"{where}: field {field!r} must be a string")
+    return record["question"], record["context"]
+
+
+# -- runs --------------------------------------------------------------------------------------
+def run_closed_loop(host: str, port: int, *, clients: int, requests_per_client: int,
+                    pairs: list[tuple[str, str]], pipeline: int = 1, processes: int | None = None,
+                    warmup: int = 0, progress: bool = True, total_clients: int | None = None,
+                    timeout_s: float = 120.0) -> dict[str, Any]:
+    """Closed loop: ``clients`` connections at a time, each sending as soon as a reply is in.
+
+    Args:
+        clients: Connections open at once (``--num_simultaneous_clients``).
+        requests_per_client: Requests each connection sends before it disconnects.
+        pairs: The request mix, used round robin.
+        pipeline: Requests each connection keeps in flight.
+        processes: Worker processes; default ``min(clients, cpu count)``.
+        warmup: Uncounted requests sent first, on a separate connection.
+        progress: Show a progress bar.
+        total_clients: Connections over the whole run (default ``clients``); as one finishes,
+            the next starts.
+        timeout_s: Seconds without a reply after which a connection's requests count as timeout.
+
+    Returns:
+        ``{"settings", "requests", "ok", "errors": {code: n}, "wall_s", "throughput_rps",
+        "mean_ms", "std_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms", "percentiles_ms",
+        "server": {breakdown}}``; latency figures are over the successful requests.
+
+    Raises:
+        ConnectionError: The server cannot be reached.
+    """
+    total_clients = clients if total_clients is None else total_clients
+    check_positive(clients=clients, requests_per_client=requests_per_client, pipeline=pipeline,
+                    total_clients=total_clients, pairs=len(pairs))
+    procs = process_count(processes, clients)
+    specs = [ClosedSpec(host, port, tuple(pairs), slots, requests_per_client, pipeline, timeout_s)
+             for slots in split_evenly(clients, procs)]
+    settings = {"mode": "closed", "clients": clients, "total_clients": total_clients,
+                "requests_per_client": requests_per_client, "pipeline": pipeline,
+                "processes": procs, "warmup": warmup, "pairs": len(pairs)}
+    result, _ = measure(closed_worker, specs, settings=settings, warmup=warmup,
+                        tickets=total_clients, total=total_clients * requests_per_client,
+                        progress=progress)
+    return result
+
+
+def run_open_loop(host: str, port: int, *, rate: float, duration_s: float,
+                  pairs: list[tuple[str, str]], processes: int | None = None, warmup: int = 0,
+                  progress: bool = True, connections: int | None = None,
+                  max_requests: int | None = None, timeout_s: float = 120.0,
+                  seed: int = 0) -> dict[str, Any]:
+    """Open loop: Poisson arrivals at ``rate`` requests/s in total, sent whatever the replies do.
+
+    Each latency runs from the request's scheduled send time, so a server (or a sender) that
+    falls behind shows up in the figures instead of slowing the load down.
+
+    Args:
+        rate: Arrivals per second over all processes.
+        duration_s: Arrivals stop after this many seconds (``math.inf``: use ``max_requests``).
+        pairs: The request mix, used round robin.
+        processes: Worker processes; default ``min(connections, cpu count)``.
+        warmup: Uncounted requests sent first, on a separate connection.
+        progress: Show a progress bar.
+        connections: Connections requests are spread over (default: one per process).
+        max_requests: Stop after this many arrivals in total (the first limit reached wins).
+        timeout_s: Seconds without a reply, once all are sent, after which the rest time out.
+        seed: Seeds the arrival times (process i uses ``seed + i``).
+
+    Returns:
+        As ``run_closed_loop``, plus ``send_lag`` (how late sends were against the schedule).
+
+    Raises:
+        ConnectionError: The server cannot be reached.
+    """
+    check_positive(rate=rate, duration_s=duration_s, pairs=len(pairs))
+    procs = process_count(processes, connections or os.cpu_count() or 1)
+    connections = max(connections or procs, procs)
+    counts = split_evenly(max_requests, procs) if max_requests is not None else [None] * procs
+    specs = [OpenSpec(host, port, tuple(pairs), conns, rate / procs, duration_s, count, seed + i,
+                      i * len(pairs) // procs, timeout_s)
+             for i, (conns, count) in enumerate(zip(split_evenly(connections, procs), counts))]
+    settings = {"mode": "open", "rate": rate, "duration_s": duration_s,
+                "max_requests": max_requests, "connections": connections, "processes": procs,
+                "warmup": warmup, "seed": seed, "pairs": len(pairs)}
+    result, payloads = measure(open_worker, specs, settings=settings, warmup=warmup, tickets=0,
+                               total=None, progress=progress)
+    result["send_lag"] = summarize_lags(payloads)
+    return result
+
+
+def run_sweep(host: str, port: int, *, levels: Sequence[int], requests_per_client: int,
+              pairs: list[tuple[str, str]], total_clients: int = 0, pipeline: int = 1,
+              processes: int | None = None, warmup: int = 0, progress: bool = True,
+              timeout_s: float = 120.0,
+              on_run: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """One closed-loop run per concurrency level (warm-up before the first only).
+
+    Each level runs ``max(level, total_clients)`` client connections.
+    """
+    runs = []
+    for n, level in enumerate(levels):
+        runs.append(run_closed_loop(
+            host, port, clients=level, requests_per_client=requests_per_client, pairs=pairs,
+            pipeline=pipeline, processes=processes, warmup=warmup if n == 0 else 0,
+            progress=progress, total_clients=max(level, total_clients), timeout_s=timeout_s))
+        if on_run is not None:
+            on_run(runs[-1])
+    return runs
+
+
+# -- reports -----------------------------------------------------------------------------------
+def format_report(result: dict[str, Any]) -> str:
+    """The human-readable summary of one run."""
+    s, r = result["settings"], result
+    if s["mode"] == "closed":
+        head = (f"closed loop: {s['clients']} clients at once, {s['total_clients']} in all, "
+                f"{s['requests_per_client']} requests each, pipeline {s['pipeline']}")
+    else:
+        limit = (f"{s['duration_s']:g} s" if math.isfinite(s["duration_s"])
+                 else f"{s['max_requests']} requests")
+        head = (f"open loop: Poisson arrivals at {s['rate']:g} requests/s for {limit} over "
+                f"{s['connections']} connections")
+    errors = ", ".join(f"{code} {n}" for code, n in r["errors"].items()) or "none"
+    lines = [f"{head}, {s['processes']} processes",
+             f"requests: {r['requests']}   ok: {r['ok']}   errors: {errors}",
+             f"throughput: {r['throughput_rps']:.1f} requests/s over {r['wall_s']:.2f} s"]
+    if r["ok"]:
+        lines.append("latency ms: mean {mean_ms:.1f} ± {std_ms:.1f}   p50 {p50_ms:.1f}   "
+                     "p90 {p90_ms:.1f}   p95 {p95_ms:.1f}   p99 {p99_ms:.1f}   max {max_ms:.1f}"
+                     .format(**r))
+    if "send_lag" in r:
+        lines.append("send lag ms (sends behind schedule; latency counts from the schedule): mean "
+                     "{mean_ms:.2f}   p99 {p99_ms:.2f}   max {max_ms:.2f}".format(**r["send_lag"]))
+    return "\n".join(lines + _format_server(r["server"], r["mean_ms"]))
+
+
+def _format_server(server: dict[str, Any], client_mean_ms: float) -> list[str]:
+    if not server:
+        return ["server: no stats (the server does not answer the stats op)"]
+    engine, model = server.get("engine", {}), server.get("model", {})
+    meaningful = "" if model.get("meaningful", True) else ", answers not meaningful"
+    lines = [f"server: {server['sessions']} sessions, {engine.get('description', '?')}, max batch "
+             f"{server['max_batch_size']}, model {model.get('name', '?')}{meaningful}"]
+    if not server["request_time"]["count"]:
+        return [*lines, "server ms: no request reached the engine"]
+    q, e, t = (server[name]["mean_ms"] for name in TIMINGS)
+    return [*lines,
+            f"server ms: queue {q:.1f} + rest {t - q:.1f} = admitted-to-reply {t:.1f} per request;"
+            f" engine {e:.1f} per batch; mean batch {server['mean_batch_size']:.2f} requests "
+            f"({server['rows_per_batch']:.2f} windows); client, network and tokenizing "
+            f"{client_mean_ms - t:.1f}"]
+
+
+TABLES: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+    ("latency mean ± std (ms)", lambda r: f"{r['mean_ms']:.1f} ± {r['std_ms']:.1f}"),
+    ("latency p99 (ms)", lambda r: f"{r['p99_ms']:.1f}"),
+    ("throughput (requests/s)", lambda r: f"{r['throughput_rps']:.1f}"),
+)
+
+
+def format_tables(runs: list[dict[str, Any]]) -> str:
+    """The sweep tables: rows = the server's sessions setting, columns = clients at once."""
+    cells = {(r["server"].get("sessions", "?"), r["settings"]["clients"]): r for r in runs}
+    rows = sorted({key[0] for key in cells}, key=str)
+    columns = sorted({key[1] for key in cells})
+    out = []
+    for title, cell in TABLES:
+        grid = [["sessions \\ clients", *map(str, columns)]]
+        grid += [[str(row), *(cell(cells[row, c]) if (row, c) in cells else "-" for c in columns)]
+                 for row in rows]
+        widths = [max(len(line[i]) for line in grid) for i in range(len(grid[0]))]
+        lines = [" | ".join(text.rjust(w) for text, w in zip(line, widths)) for line in grid]
+        lines.insert(1, "-+-".join("-" * w for w in widths))
+        out += [title, *lines, ""]
+    return "\n".join(out).rstrip()
+
+
+def write_json(path: str | Path, runs: list[dict[str, Any]], argv: Sequence[str]) -> None:
+    """Every run, with its settings and server breakdown; NaN becomes null."""
+    document = {"tool": "stress_test.py", "argv": list(argv),
+                "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": runs}
+    Path(path).write_text(json.dumps(json_safe(document), indent=2) + "\n", encoding="utf-8")
+
+
+def plot_runs(path: str | Path, runs: list[dict[str, Any]]) -> None:
+    """Latency p50/p90/p99 and throughput against concurrency (or rate); one run: its
+    latency distribution and the server's time breakdown."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    if len(runs) > 1:
+        _plot_sweep(left, right, runs)
+    else:
+        _plot_single(left, right, runs[0])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_sweep(left: Any, right: Any, runs: list[dict[str, Any]]) -> None:
+    closed = runs[0]["settings"]["mode"] == "closed"
+    xs = [r["settings"]["clients" if closed else "rate"] for r in runs]
+    label = "clients at once" if closed else "offered rate (requests/s)"
+    for q in (50, 90, 99):
+        left.plot(xs, [r[f"p{q}_ms"] for r in runs], marker="o", label=f"p{q}")
+    left.set(xlabel=label, ylabel="latency (ms)", title="latency percentiles")
+    left.legend()
+    right.plot(xs, [r["throughput_rps"] for r in runs], marker="o", color="tab:green")
+    right.set(xlabel=label, ylabel="requests/s", title="throughput")
+    for axes in (left, right):
+        axes.set_xticks(xs)
+        axes.set_ylim(bottom=0)
+        axes.grid(alpha=0.3)
+
+
+def _plot_single(left: Any, right: Any, run: dict[str, Any]) -> None:
+    labels = list(run["percentiles_ms"])
+    left.plot(range(len(labels)), list(run["percentiles_ms"].values()), marker="o")
+    left.set_xticks(range(len(labels)), [f"p{q}" for q in labels])
+    left.set(ylabel="latency (ms)", title=f"latency distribution ({run['ok']} requests, "
+                                          f"{run['throughput_rps']:.1f} requests/s)")
+    left.grid(alpha=0.3)
+    server = run["server"]
+    bars = {"client latency": run["mean_ms"]}
+    if server:
+        bars.update({"server: admitted\nto reply": server["request_time"]["mean_ms"],
+                     "server: queue": server["queue_time"]["mean_ms"],
+                     "server: engine\nper batch": server["engine_time"]["mean_ms"]})
+    right.bar(list(bars), list(bars.values()), color="tab:blue")
+    right.set(ylabel="mean (ms)", title="where the time goes")
+
+
+# -- CLI ---------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options."""
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1", help="the server's address")
+    p.add_argument("--port", type=int, default=9999, help="the server's port")
+    p.add_argument("--num_simultaneous_clients", type=int, default=5,
+                   help="connections at once (open loop: connections requests are spread over)")
+    p.add_argument("--num_total_clients", type=int, default=100,
+                   help="connections over the whole closed-loop run")
+    p.add_argument("--num_request_per_client", type=int, default=10,
+                   help="requests each connection sends before it disconnects")
+    p.add_argument("--warmup", type=int, default=20,
+                   help="uncounted requests first (a sweep: before its first level only)")
+    p.add_argument("--processes", type=int, help="worker processes (default: min(clients, cores))")
+    p.add_argument("--pipeline", type=int, default=1, help="requests in flight per connection")
+    p.add_argument("--rate", type=float, help="open loop: Poisson arrivals, requests/s in total")
+    p.add_argument("--duration", type=float,
+                   help="open loop: seconds of arrivals (default: stop after num_total_clients"
+                        " x num_request_per_client requests)")
+    p.add_argument("--sweep", help="closed loop at each of these concurrencies, e.g. 1,5,20,50")
+    p.add_argument("--data", help="JSON-lines (or JSON list) of {question, context} objects")
+    p.add_argument("--json", help="write every figure of every run to this file")
+    p.add_argument("--plot", help="draw latency percentiles and throughput to this PNG")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds without any reply after which the rest count as timeout")
+    p.add_argument("--seed", type=int, default=0, help="seed of the open loop's arrival times")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    if args.rate is not None and (args.sweep or args.pipeline != 1):
+        p.error("--rate (open loop) does not go with --sweep or --pipeline")
+    if args.duration is not None and args.rate is None:
+        p.error("--duration needs --rate")
+    try:
+        args.levels = [int(n) for n in args.sweep.split(",")] if args.sweep else []
+        args.pairs = load_pairs(args.data)
+    except (OSError, ValueError) as exc:
+        p.error(str(exc))
+    return args
+
+
+def _runs(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
+    """Run what the options ask for, appending each result to ``runs`` and printing it."""
+    common = {"pairs": args.pairs, "processes": args.processes, "warmup": args.warmup,
+              "progress": not args.no_progress, "timeout_s": args.timeout}
+
+    def record(result: dict[str, Any]) -> None:
+        result["settings"]["data"] = str(args.data or DEFAULT_DATA)
+        runs.append(result)
+        print(format_report(result) + ("\n" if args.levels else ""), flush=True)
+
+    if args.rate is not None:
+        total = args.num_total_clients * args.num_request_per_client
+        record(run_open_loop(
+            args.host, args.port, rate=args.rate, connections=args.num_simultaneous_clients,
+            duration_s=args.duration if args.duration is not None else math.inf,
+            max_requests=None if args.duration is not None else total, seed=args.seed, **common))
+    elif args.levels:
+        run_sweep(args.host, args.port, levels=args.levels, total_clients=args.num_total_clients,
+                  requests_per_client=args.num_request_per_client, pipeline=args.pipeline,
+                  on_run=record, **common)
+        print(format_tables(runs))
+    else:
+        record(run_closed_loop(
+            args.host, args.port, clients=args.num_simultaneous_clients,
+            total_clients=args.num_total_clients, requests_per_client=args.num_request_per_client,
+            pipeline=args.pipeline, **common))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; returns 0 when every request succeeded."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=9999)
-    p.add_argument("--num_simultaneous_clients", type=int, default=5)
-    p.add_argument("--num_total_clients", type=int, default=100)
-    p.add_argument("--num_request_per_client", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=20, help="uncounted requests before the run")
-    args = p.parse_args(argv)
-
+    """CLI entry point: 0 when every request succeeded, 1 otherwise, 2 if the server is out of
+    reach."""
+    args = parse_args(argv)
+    runs: list[dict[str, Any]] = []
+    status = 0
     try:
-        run_client((args.host, args.port, args.warmup))
-    except OSError as exc:
-        print(f"cannot reach {args.host}:{args.port}: {exc}", file=sys.stderr)
-        return 2
-    jobs = [(args.host, args.port, args.num_request_per_client)] * args.num_total_clients
-    results: list[tuple[float, str]] = []
-    started = time.perf_counter()
-    with mp.get_context("spawn").Pool(args.num_simultaneous_clients) as pool, \
-            tqdm(total=len(jobs) * args.num_request_per_client, unit="req") as bar:
-        for client_results in pool.imap_unordered(run_client, jobs):
-            results.extend(client_results)
-            bar.update(len(client_results))
-    figures = report(results, time.perf_counter() - started)
-    print(format_report(figures, args.num_simultaneous_clients))
-    return 0 if figures["ok"] == figures["requests"] else 1
-
-
-def format_report(figures: dict[str, Any], clients: int) -> str:
-    """The human-readable summary."""
-    lines = [f"clients at once: {clients}   requests: {figures['requests']}   ok: {figures['ok']}   "
-             f"errors: {figures['errors'] or 'none'}",
-             f"throughput: {figures['throughput_rps']:.1f} requests/s"]
-    if "mean_ms" in figures:
-        lines.append("latency ms: mean {mean_ms:.1f} ± {std_ms:.1f}   p50 {p50_ms:.1f}   "
-                     "p90 {p90_ms:.1f}   p95 {p95_ms:.1f}   p99 {p99_ms:.1f}   max {max_ms:.1f}"
-                     .format(**figures))
-    return "\n".join(lines)
+        _runs(args, runs)
+    except (ConnectionError, ValueError) as exc:
+        print(f"stress_test: {exc}", file=sys.stderr)
+        status = 2
+    except KeyboardInterrupt:
+        print("stress_test: interrupted", file=sys.stderr)
+        status = 130
+    if runs and args.json:
+        write_json(args.json, runs, sys.argv[1:] if argv is None else argv)
+    if runs and args.plot:
+        plot_runs(args.plot, runs)
+    if status == 0 and any(r["ok"] != r["requests"] for r in runs):
+        status = 1
+    return status
 
 
 if __name__ == "__main__":
