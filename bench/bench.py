@@ -4,7 +4,9 @@
     python bench/bench.py --engines onnx --concurrency 1,8 --quick
 
 (1) Raw-engine ceiling: the engine called directly in-process with batches of 1, 2, 4, ... 64 of the
-    request mix, tokenization and answer decoding included; pairs/s for each batch size.
+    request mix, tokenization and answer decoding included; pairs/s for each batch size. Also the
+    server's own layout without the server: --sessions engines in as many threads, batch 1. The
+    best of these is the ceiling the server is held to.
 (2) The server (a real `server.py` process) under stress_test.py's closed-loop load at each
     concurrency, for each engine.
 It prints one table with each server figure divided by the best raw-engine figure, and p50 at
@@ -48,22 +50,70 @@ def raw_ceiling(kind: str, model_dir: str, pairs: list[tuple[str, str]], batch_s
         batches = max(2, -(-min_pairs // size))
         _run_batches(task, engine, pairs, size, 1, offset=0)  # warm-up for this shape family
         started = time.perf_counter()
-        _run_batches(task, engine, pairs, size, batches, offset=size)
+        latencies = _run_batches(task, engine, pairs, size, batches, offset=size)
         elapsed = time.perf_counter() - started
-        rows.append({"engine": kind, "batch_size": size, "pairs": batches * size,
-                     "pairs_per_s": batches * size / elapsed,
-                     "batch_latency_ms": 1000 * elapsed / batches})
-        print(f"  raw {kind} batch {size:>3}: {rows[-1]['pairs_per_s']:7.1f} pairs/s, "
-              f"{rows[-1]['batch_latency_ms']:8.1f} ms/batch", flush=True)
+        rows.append(_raw_row(kind, f"1 engine x {threads} thread(s)", size, batches * size,
+                             elapsed, latencies))
     return rows
 
 
+def raw_parallel(kind: str, model_dir: str, pairs: list[tuple[str, str]], engines: int,
+                 min_pairs: int) -> dict[str, Any]:
+    """Pairs/s of ``engines`` engines called directly from as many threads, batch 1, cores shared
+    out as the server does: the ceiling for the server's own session layout."""
+    import threading
+
+    from engines import load_engine
+    from engines.model_dir import load_model_info
+    from engines.qa import QAConfig, QATask
+
+    info = load_model_info(model_dir)
+    task = QATask.from_dir(model_dir, QAConfig(handle_impossible_answer=info.squad2),
+                           input_names=info.input_names)
+    threads = max(1, (os.cpu_count() or 1) // engines)
+    loaded = [load_engine(kind, model_dir, threads=threads) for _ in range(engines)]
+    per_engine = -(-min_pairs // engines)
+    latencies: list[list[float]] = [[] for _ in loaded]
+    for engine in loaded:
+        _run_batches(task, engine, pairs, 1, 2, offset=0)  # warm-up
+
+    def work(n: int) -> None:
+        latencies[n] = _run_batches(task, loaded[n], pairs, 1, per_engine, offset=n * per_engine)
+
+    workers = [threading.Thread(target=work, args=(n,)) for n in range(engines)]
+    started = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    elapsed = time.perf_counter() - started
+    return _raw_row(kind, f"{engines} engines x {threads} thread(s), parallel", 1,
+                    per_engine * engines, elapsed, sum(latencies, []))
+
+
+def _raw_row(kind: str, layout: str, size: int, pairs: int, elapsed: float,
+             latencies: list[float]) -> dict[str, Any]:
+    ordered = sorted(latencies)
+    row = {"engine": kind, "layout": layout, "batch_size": size, "pairs": pairs,
+           "pairs_per_s": pairs / elapsed, "batch_latency_ms": 1000 * elapsed * size / pairs,
+           "p50_batch_ms": 1000 * ordered[len(ordered) // 2]}
+    print(f"  raw {kind} [{layout}] batch {size:>3}: {row['pairs_per_s']:7.1f} pairs/s, "
+          f"mean {row['batch_latency_ms']:8.1f} ms/batch, p50 {row['p50_batch_ms']:8.1f} ms",
+          flush=True)
+    return row
+
+
 def _run_batches(task: Any, engine: Any, pairs: list[tuple[str, str]], size: int, count: int,
-                 offset: int) -> None:
+                 offset: int) -> list[float]:
+    """Tokenize, run and decode ``count`` batches; seconds per batch."""
+    seconds = []
     for b in range(count):
+        started = time.perf_counter()
         chosen = [pairs[(offset + b * size + i) % len(pairs)] for i in range(size)]
         features = [task.preprocess(q, c) for q, c in chosen]
         task.answer_batch(features, engine.run(task.collate(features)))
+        seconds.append(time.perf_counter() - started)
+    return seconds
 
 
 def start_server(kind: str, model_dir: str, sessions: int, extra: list[str]) -> tuple[Any, int]:
@@ -120,25 +170,27 @@ def summary_table(raw: list[dict[str, Any]], server: list[dict[str, Any]]) -> st
         lines.append(f"| {row['engine']} | {row['concurrency']} | {row['throughput_rps']:.1f} | "
                      f"{row['throughput_rps'] / best:.2f} | {row['p50_ms']:.1f} | "
                      f"{row['p99_ms']:.1f} | {row['p99_ms'] / row['p50_ms']:.2f} | {batch:.2f} |")
-    lines += ["", "| engine | best raw pairs/s (batch) | raw batch-1 ms | server p50 at 1 client "
-              "ms | difference ms |", "|---|---:|---:|---:|---:|"]
+    lines += ["", "| engine | best raw pairs/s (layout, batch) | raw batch-1 p50 ms | server p50 "
+              "at 1 client ms | difference ms |", "|---|---|---:|---:|---:|"]
     for kind in dict.fromkeys(r["engine"] for r in raw):
         mine = [r for r in raw if r["engine"] == kind]
         best = max(mine, key=lambda r: r["pairs_per_s"])
-        one = next((r for r in mine if r["batch_size"] == 1), None)
+        one = next((r for r in mine if r["batch_size"] == 1 and "parallel" not in r["layout"]),
+                   None)
         lone = next((s for s in server if s["engine"] == kind and s["concurrency"] == 1), None)
         if one and lone:
-            lines.append(f"| {kind} | {best['pairs_per_s']:.1f} ({best['batch_size']}) | "
-                         f"{one['batch_latency_ms']:.1f} | {lone['p50_ms']:.1f} | "
-                         f"{lone['p50_ms'] - one['batch_latency_ms']:+.1f} |")
+            lines.append(f"| {kind} | {best['pairs_per_s']:.1f} ({best['layout']}, "
+                         f"{best['batch_size']}) | {one['p50_batch_ms']:.1f} | {lone['p50_ms']:.1f} "
+                         f"| {lone['p50_ms'] - one['p50_batch_ms']:+.1f} |")
     return "\n".join(lines)
 
 
 def raw_table(raw: list[dict[str, Any]]) -> str:
     """Raw-engine ceiling per batch size."""
-    lines = ["| engine | batch | pairs/s | ms per batch |", "|---|---:|---:|---:|"]
-    lines += [f"| {r['engine']} | {r['batch_size']} | {r['pairs_per_s']:.1f} | "
-              f"{r['batch_latency_ms']:.1f} |" for r in raw]
+    lines = ["| engine | layout | batch | pairs/s | mean ms per batch | p50 ms per batch |",
+             "|---|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['engine']} | {r['layout']} | {r['batch_size']} | {r['pairs_per_s']:.1f} | "
+              f"{r['batch_latency_ms']:.1f} | {r['p50_batch_ms']:.1f} |" for r in raw]
     return "\n".join(lines)
 
 
@@ -187,8 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.raw_threads or os.cpu_count() or 1
     info = machine()
     print(f"machine: {info}", flush=True)
-    raw = [row for kind in kinds for row in
-           raw_ceiling(kind, args.model_dir, pairs, sizes, args.raw_pairs, threads)]
+    raw = []
+    for kind in kinds:
+        raw += raw_ceiling(kind, args.model_dir, pairs, sizes, args.raw_pairs, threads)
+        if args.sessions > 1:
+            raw.append(raw_parallel(kind, args.model_dir, pairs, args.sessions, args.raw_pairs))
     server = [row for kind in kinds for row in
               server_runs(kind, args.model_dir, pairs, levels, args.sessions,
                           args.server_requests, args.server_args.split())]
