@@ -241,9 +241,9 @@ class InferenceServer:
             True if every session drained within ``timeout`` (default: the configured one).
         """
         timeout = self.config.shutdown_timeout_s if timeout is None else timeout
-        self._draining = True
         if self._listener is not None:
-            self._listener.stop()
+            self._listener.stop()  # first stop accepting, then refuse new requests
+        self._draining = True
         self.queue.close()
         deadline = _Deadline(timeout)
         for session in self.sessions:
