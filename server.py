@@ -26,7 +26,8 @@ from typing import Any
 
 from engines import ENGINE_TYPES, load_engine
 from engines.base import Engine
-from engines.batching import Responder, WorkItem, WorkQueue
+from engines.batching import BATCHING_MODES, BatchPolicy, Responder, WorkItem, WorkQueue
+from engines.cost_model import CostModel
 from engines.model_dir import ModelDirError, ModelInfo, load_model_info
 from engines.qa import QAConfig, QATask
 from engines.session import InferenceSession
@@ -50,7 +51,11 @@ class ServerConfig:
     model_dir: str = "saved_models"
     device: str = "auto"
     threads_per_session: int = 0  # 0: the machine's cores shared among sessions
-    max_batch_size: int = 1
+    batching: str = "auto"  # auto (cost-aware), fixed, off
+    max_batch_size: int = 32
+    max_batch_tokens: int = 16384  # rows x padded length per batch
+    max_queue_delay_ms: float = 2.0
+    batch_lookahead: int = 128
     max_queue: int = 1024
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     send_timeout_s: float = 30.0
@@ -92,6 +97,7 @@ class InferenceServer:
         self.metrics_address: tuple[str, int] | None = None
         self._metrics_httpd: Any = None
         self.sessions: list[InferenceSession] = []
+        self.policy = BatchPolicy(mode=config.batching)
         self.connections: set[Connection] = set()
         self._lock = threading.Lock()
         self._listener: Listener | None = None
@@ -138,8 +144,17 @@ class InferenceServer:
             load_engine, cfg.inference_engine_type, cfg.model_dir, device=cfg.device,
             threads=cfg.engine_threads())
         assert self.task is not None
-        self.sessions = [InferenceSession(i, factory, self.task, self.queue, cfg.max_batch_size,
-                                          self.stats)
+        self.policy = BatchPolicy(mode=cfg.batching, max_items=cfg.max_batch_size,
+                                  max_tokens=cfg.max_batch_tokens,
+                                  max_delay_s=cfg.max_queue_delay_ms / 1000,
+                                  lookahead=cfg.batch_lookahead, cost=CostModel())
+        warmup = sorted({64, 128, 256, self.task.config.max_seq_len}
+                        & set(range(1, self.task.config.max_seq_len + 1)))
+        # One session times the warm-up shapes for the shared cost model (sessions warming at
+        # once would time each other's contention); every session primes its engine.
+        self.sessions = [InferenceSession(i, factory, self.task, self.queue, self.policy,
+                                          self.stats,
+                                          warmup=warmup if cfg.batching == "auto" and i == 0 else ())
                          for i in range(cfg.num_inference_sessions)]
         for session in self.sessions:
             session.start()
@@ -156,9 +171,13 @@ class InferenceServer:
         assert info is not None and self.sessions[0].engine is not None
         host, port = self.address
         log.info("model: %s (%s) from %s", info.model_name, info.source, os.path.abspath(cfg.model_dir))
-        log.info("engine: %s; %d inference sessions; max batch size %d; queue bound %d",
-                 self.sessions[0].engine.describe(), len(self.sessions), cfg.max_batch_size,
-                 cfg.max_queue)
+        log.info("engine: %s; %d inference sessions; batching %s (max %d requests, %d tokens, "
+                 "delay %g ms); queue bound %d", self.sessions[0].engine.describe(),
+                 len(self.sessions), cfg.batching, self.policy.cap, cfg.max_batch_tokens,
+                 cfg.max_queue_delay_ms, cfg.max_queue)
+        if cfg.batching == "auto":
+            log.info("batch cost model after warm-up (ms per batch, ROWSxLENGTH): %s",
+                     self.policy.cost.table() if self.policy.cost else {})
         log.info("serving on %s:%d%s", host, port,
                  "" if host != "127.0.0.1" else " (local only; --host 0.0.0.0 to serve other machines)")
 
@@ -193,6 +212,7 @@ class InferenceServer:
         stats.on_admitted()
         try:
             self.queue.put(WorkItem(features=features, respond=respond_and_count, alive=alive,
+                                    rows=features.rows, length=features.max_len,
                                     enqueued_at=admitted))
         except BaseException:
             stats.on_refused()  # the caller replies and counts the error
@@ -221,6 +241,9 @@ class InferenceServer:
         if self.info is not None:
             result["model"] = {"name": self.info.model_name, "source": self.info.source,
                                "meaningful": self.info.meaningful}
+        result["batching"] = {"mode": self.config.batching, "max_batch_size": self.policy.cap,
+                              "max_batch_tokens": self.config.max_batch_tokens,
+                              "cost_model_ms": self.policy.cost.table() if self.policy.cost else {}}
         engine = self.sessions[0].engine if self.sessions else None
         if engine is not None:
             result["engine"] = {"type": engine.name, "device": engine.device,
@@ -295,8 +318,17 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p.add_argument("--device", default=d.device, help="auto, cpu, cuda or cuda:N (auto: GPU if any)")
     p.add_argument("--threads_per_session", type=int, default=d.threads_per_session,
                    help="CPU threads per engine (0: cores divided among sessions)")
+    p.add_argument("--batching", choices=BATCHING_MODES, default=d.batching,
+                   help="auto: batch only as far as the measured cost says it pays; fixed: fill "
+                        "up to the caps; off: one request per batch")
     p.add_argument("--max_batch_size", type=int, default=d.max_batch_size,
                    help="most requests a session runs as one batch")
+    p.add_argument("--max_batch_tokens", type=int, default=d.max_batch_tokens,
+                   help="most rows x padded length in one batch (a larger request runs alone)")
+    p.add_argument("--max_queue_delay_ms", type=float, default=d.max_queue_delay_ms,
+                   help="most a request waits for a bigger batch (only spent when it can help)")
+    p.add_argument("--batch_lookahead", type=int, default=d.batch_lookahead,
+                   help="waiting requests considered when forming a batch")
     p.add_argument("--max_queue", type=int, default=d.max_queue, help="bound of the shared queue")
     p.add_argument("--max_frame_size", type=int, default=d.max_frame_size, help="frame cap, bytes")
     p.add_argument("--send_timeout", dest="send_timeout_s", type=float, default=d.send_timeout_s,

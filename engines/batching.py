@@ -1,13 +1,26 @@
-"""The shared, bounded, thread-safe work queue between connection readers and inference sessions.
+"""The shared, bounded, thread-safe work queue, and how a free session forms its next batch.
 
-Pure threading: it knows no sockets. Producers ``put`` work items (blocking while the queue is
-full); each inference session calls ``take_batch`` and blocks, without polling, until at least one
-item is waiting, then takes whatever is waiting up to its batch cap. ``close`` stops admission;
-sessions drain what was admitted and then receive an empty batch, their signal to stop.
+Pure threading: it knows no sockets and no models. Producers ``put`` work items (blocking while the
+queue is full). A session calls ``take_batch``, which blocks, without polling, until work is
+waiting, then forms a batch according to a ``BatchPolicy``:
+
+* the oldest waiting request is always in the batch, so nothing starves;
+* the rest come from a bounded look-ahead, similar padded lengths first, then by arrival;
+* caps: ``max_items`` requests and ``max_tokens`` (rows x padded length) per batch;
+* ``auto`` adds a request only if the cost model predicts that adding it costs no more than
+  running it on its own, and keeps a batch only if it is at least MIN_GAIN cheaper than running
+  its requests one by one (so on hardware where batching does not pay it serves batch 1); ``fixed`` fills up to the
+  caps; ``off`` takes one request;
+* the queue delay (from the oldest request's arrival) is spent only when waiting can help: a
+  bigger batch would be cheaper per request, other sessions are busy (real load), and requests are
+  arriving fast enough that one is expected before the delay runs out.
+
+``close`` stops admission; sessions drain what was admitted and then get an empty batch.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
@@ -15,20 +28,47 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engines.cost_model import CostModel
 from protocol.errors import ServerError, ShuttingDown
 
 #: Called exactly once per work item: (result, None) on success or (None, error) on failure.
 Responder = Callable[[dict[str, Any] | None, ServerError | None], None]
+BATCHING_MODES = ("auto", "fixed", "off")
 
 
 @dataclass(eq=False, kw_only=True)
 class WorkItem:
-    """One admitted request: its features, how to answer it, and whether anyone still listens."""
+    """One admitted request: its features and shape, how to answer it, whether anyone listens."""
 
     features: Any
     respond: Responder
     alive: Callable[[], bool] = lambda: True
+    rows: int = 1  # engine rows it needs (context windows)
+    length: int = 1  # its longest row, in tokens
     enqueued_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchPolicy:
+    """How a free session forms its next batch (see the module docstring)."""
+
+    mode: str = "auto"
+    max_items: int = 32
+    max_tokens: int | None = None
+    max_delay_s: float = 0.0
+    lookahead: int = 128
+    cost: CostModel | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in BATCHING_MODES:
+            raise ValueError(f"batching mode must be one of {BATCHING_MODES}, got {self.mode!r}")
+        if self.max_items < 1 or self.lookahead < 1:
+            raise ValueError("max_items and lookahead must be at least 1")
+
+    @property
+    def cap(self) -> int:
+        """Most requests per batch under this policy."""
+        return 1 if self.mode == "off" else self.max_items
 
 
 class WorkQueue:
@@ -47,6 +87,8 @@ class WorkQueue:
         self._not_empty = threading.Condition(self._lock)
         self._not_full = threading.Condition(self._lock)
         self._closed = False
+        self._busy = 0  # sessions running a batch
+        self._arrivals: deque[float] = deque(maxlen=64)
 
     def put(self, item: WorkItem, timeout: float | None = None) -> None:
         """Admit one item, waiting while the queue is full.
@@ -62,23 +104,90 @@ class WorkQueue:
             if self._closed:
                 raise ShuttingDown("server is shutting down; request not admitted")
             self._items.append(item)
+            self._arrivals.append(item.enqueued_at)
             self._not_empty.notify()
 
-    def take_batch(self, max_items: int) -> list[WorkItem]:
-        """Block until work is waiting, then take up to ``max_items`` in arrival order.
+    def take_batch(self, policy: BatchPolicy | int) -> list[WorkItem]:
+        """Block until work is waiting, then form a batch under ``policy``.
+
+        Args:
+            policy: A BatchPolicy, or an int for "up to that many, in arrival order".
 
         Returns:
-            The batch; an empty list only once the queue is closed and drained.
+            The batch; an empty list only once the queue is closed and drained. Each non-empty
+            batch must be followed by ``done()`` when the session has finished it.
         """
+        if isinstance(policy, int):
+            policy = BatchPolicy(mode="fixed", max_items=policy, lookahead=policy)
         with self._not_empty:
-            self._not_empty.wait_for(lambda: self._closed or bool(self._items))
-            count = min(max_items, len(self._items))
-            batch = [self._items.popleft() for _ in range(count)]
-            if batch:
-                self._not_full.notify(count)
-            if self._items:
-                self._not_empty.notify()  # more left: wake another idle session
-            return batch
+            while True:
+                self._not_empty.wait_for(lambda: self._closed or bool(self._items))
+                if not self._items:
+                    return []
+                chosen = self._plan(policy)
+                wait = self._worth_waiting(policy, chosen)
+                if wait <= 0:
+                    return self._take(chosen)
+                waiting = len(self._items)  # another session may take some meanwhile: re-plan
+                self._not_empty.wait_for(lambda: self._closed or len(self._items) != waiting, wait)
+
+    def done(self) -> None:
+        """A session finished the batch it took."""
+        with self._lock:
+            self._busy -= 1
+
+    def _plan(self, policy: BatchPolicy) -> list[WorkItem]:
+        oldest = self._items[0]
+        chosen, rows, length = [oldest], oldest.rows, oldest.length
+        others = list(itertools.islice(self._items, 1, policy.lookahead))
+        others.sort(key=lambda item: abs(item.length - oldest.length))  # stable: FIFO among equals
+        for item in others:
+            if len(chosen) >= policy.cap:
+                break
+            new_rows, new_length = rows + item.rows, max(length, item.length)
+            if policy.max_tokens and new_rows * new_length > policy.max_tokens:
+                continue
+            if policy.mode == "auto" and not _cheaper_together(
+                    policy.cost, (rows, length), [(item.rows, item.length)], 0.0):
+                continue  # adding it costs more than running it on its own
+            chosen.append(item)
+            rows, length = new_rows, new_length
+        if policy.mode == "auto" and len(chosen) > 1 and not _cheaper_together(
+                policy.cost, None, [(i.rows, i.length) for i in chosen], MIN_GAIN):
+            return [oldest]  # not clearly cheaper than running them one by one
+        return chosen
+
+    def _worth_waiting(self, policy: BatchPolicy, chosen: list[WorkItem]) -> float:
+        """Seconds left to wait for a bigger batch, or 0 to run ``chosen`` now."""
+        if self._closed or policy.max_delay_s <= 0 or len(chosen) >= policy.cap:
+            return 0.0
+        if len(chosen) < len(self._items) or self._busy == 0:
+            return 0.0  # the caps or costs already refused waiting work, or no real load
+        left = chosen[0].enqueued_at + policy.max_delay_s - time.monotonic()
+        if left <= 0 or self._arrival_rate() * left < 1.0:
+            return 0.0
+        if policy.mode == "auto":
+            rows, length = sum(i.rows for i in chosen), max(i.length for i in chosen)
+            like_oldest = (chosen[0].rows, chosen[0].length)
+            if not _cheaper_together(policy.cost, (rows, length), [like_oldest], MIN_GAIN):
+                return 0.0  # one more such request would not be clearly cheaper in the batch
+        return left
+
+    def _arrival_rate(self) -> float:
+        """Requests per second over the recent arrivals."""
+        if len(self._arrivals) < 2:
+            return 0.0
+        span = self._arrivals[-1] - self._arrivals[0]
+        return (len(self._arrivals) - 1) / span if span > 0 else float("inf")
+
+    def _take(self, chosen: list[WorkItem]) -> list[WorkItem]:
+        taken = set(map(id, chosen))
+        self._items = deque(item for item in self._items if id(item) not in taken)
+        self._busy += 1
+        self._not_full.notify(len(chosen))
+        if self._items:
+            self._not_empty.notify()  # more left: wake another idle session
+        return chosen
 
     def close(self) -> None:
         """Refuse new items; wake every waiter. Items already admitted stay to be drained."""
@@ -92,6 +201,32 @@ class WorkQueue:
         """True once ``close`` was called."""
         return self._closed
 
+    @property
+    def busy(self) -> int:
+        """Sessions running a batch now."""
+        return self._busy
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)
+
+
+#: Smallest predicted saving of a batch over running its requests one by one, for auto to batch
+#: at all: ties and noise keep batch 1, the safe choice where batching does not pay.
+MIN_GAIN = 0.05
+
+
+def _cheaper_together(cost: CostModel | None, batch: tuple[int, int] | None,
+                      extra: list[tuple[int, int]], gain: float) -> bool:
+    """Whether running ``batch`` (rows, padded length; None for empty) together with the
+    ``extra`` requests, each (rows, length), is predicted at least ``gain`` cheaper than running
+    the batch and then each extra request on its own. Throughput is what counts: requests of
+    different sizes are compared by what they cost, not by their number."""
+    if cost is None:
+        return False
+    shapes = ([batch] if batch else []) + extra
+    together = cost.estimate(sum(r for r, _ in shapes), max(n for _, n in shapes))
+    apart = [cost.estimate(r, n) for r, n in shapes]
+    if together is None or None in apart:
+        return False
+    return together <= (1 - gain) * sum(apart)  # type: ignore[arg-type]

@@ -8,8 +8,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import numpy as np
+
 from engines.base import Engine
-from engines.batching import WorkItem, WorkQueue
+from engines.batching import MIN_GAIN, BatchPolicy, WorkItem, WorkQueue
 from protocol.errors import EngineError, InternalError, ServerError
 from telemetry.stats import ServerStats
 
@@ -30,27 +32,32 @@ class InferenceSession(threading.Thread):
     """One worker thread with its own engine.
 
     The engine is created inside the thread (``engine_factory``), so loading N sessions runs in
-    parallel and each engine is only ever touched by its own thread. ``ready`` is set once the
-    engine is loaded; ``load_error`` holds the exception if loading failed.
+    parallel and each engine is only ever touched by its own thread. The engine then runs each
+    warm-up shape once (timed into the policy's cost model) and ``ready`` is set; ``load_error``
+    holds the exception if loading or warming up failed.
 
     Args:
         index: Session number, used in the thread name and logs.
         engine_factory: Builds this session's engine.
         task: Turns features into engine inputs and engine outputs into answers.
         queue: The shared work queue.
-        max_batch_size: Most requests run together as one batch.
+        policy: How batches are formed; an int means "up to that many, in arrival order".
         stats: Where batch sizes, queue waits and engine times are recorded.
+        warmup: Padded lengths to warm up and time before reporting ready (see ``warm_up``).
     """
 
     def __init__(self, index: int, engine_factory: Callable[[], Engine], task: BatchTask,
-                 queue: WorkQueue, max_batch_size: int = 1,
-                 stats: ServerStats | None = None) -> None:
+                 queue: WorkQueue, policy: BatchPolicy | int = 1,
+                 stats: ServerStats | None = None,
+                 warmup: Sequence[int] = ()) -> None:
         super().__init__(name=f"session-{index}", daemon=True)
         self.index = index
         self.engine_factory = engine_factory
         self.task = task
         self.queue = queue
-        self.max_batch_size = max_batch_size
+        self.policy = policy if isinstance(policy, BatchPolicy) else \
+            BatchPolicy(mode="fixed", max_items=policy, lookahead=policy)
+        self.warmup_lengths = list(warmup)
         self.stats = stats if stats is not None else ServerStats()
         self.engine: Engine | None = None
         self.ready = threading.Event()
@@ -61,16 +68,50 @@ class InferenceSession(threading.Thread):
         """Load the engine, then serve batches until the queue is closed and drained."""
         try:
             self.engine = self.engine_factory()
+            self.warm_up(self.engine)
         except BaseException as exc:  # noqa: BLE001 - reported to the server, which exits
             self.load_error = exc
             return
         finally:
             self.ready.set()
         try:
-            while batch := self.queue.take_batch(self.max_batch_size):
-                self.run_batch(batch)
+            while batch := self.queue.take_batch(self.policy):
+                try:
+                    self.run_batch(batch)
+                finally:
+                    self.queue.done()
         finally:
             self.engine.close()
+
+    def warm_up(self, engine: Engine) -> None:
+        """Run and time the shapes batching will use, before the server reports ready.
+
+        For each warm-up length, rows double from 1 while the time per row keeps falling by at
+        least MIN_GAIN (and within the policy's caps): on hardware where batching does not pay this stops at 2 rows,
+        where it pays it goes up to the cap. Each shape runs once untimed (first runs allocate),
+        then twice timed; the faster time goes into the cost model.
+        """
+        engine.run(dummy_feeds(engine.input_names, 1, 16))  # every engine: first run allocates
+        cap, budget = self.policy.cap, self.policy.max_tokens
+        for length in self.warmup_lengths:
+            best, rows = float("inf"), 1
+            while rows <= cap and (not budget or rows * length <= budget or rows == 1):
+                per_row = self._time_shape(engine, rows, length) / rows
+                if per_row > best * (1 - MIN_GAIN):
+                    break  # bigger batches stopped paying clearly at this length
+                best, rows = per_row, rows * 2
+
+    def _time_shape(self, engine: Engine, rows: int, length: int) -> float:
+        feeds = dummy_feeds(engine.input_names, rows, length)
+        engine.run(feeds)
+        seconds = float("inf")
+        for _ in range(2):  # the faster of two: noise only ever adds time
+            started = time.monotonic()
+            engine.run(feeds)
+            seconds = min(seconds, time.monotonic() - started)
+        if self.policy.cost is not None:
+            self.policy.cost.observe(rows, length, seconds)
+        return seconds
 
     def run_batch(self, batch: list[WorkItem]) -> None:
         """Run one batch; every item gets exactly one response, errors scoped to this batch."""
@@ -95,7 +136,9 @@ class InferenceSession(threading.Thread):
                 _respond(item, None, error)
             return
         self.batches_run += 1
-        rows = len(next(iter(feeds.values())))
+        rows, length = next(iter(feeds.values())).shape
+        if self.policy.cost is not None:
+            self.policy.cost.observe(rows, length, engine_s)
         self.stats.on_batch(len(live), rows, [taken - i.enqueued_at for i in live], engine_s)
         for item, (start, end) in zip(live, per_request):
             self._answer(item, start, end)
@@ -116,3 +159,12 @@ def _respond(item: WorkItem, result: dict[str, Any] | None, error: ServerError |
         item.respond(result, error)
     except Exception:  # noqa: BLE001
         log.exception("responder failed")
+
+
+def dummy_feeds(input_names: Sequence[str], rows: int, length: int) -> dict[str, np.ndarray]:
+    """Engine inputs of a given shape for warm-up: every token real, one segment."""
+    shape = (rows, length)
+    values = {"input_ids": np.full(shape, 1000, dtype=np.int64),
+              "attention_mask": np.ones(shape, dtype=np.int64),
+              "token_type_ids": np.zeros(shape, dtype=np.int64)}
+    return {name: values.get(name, np.zeros(shape, dtype=np.int64)) for name in input_names}

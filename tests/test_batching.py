@@ -103,7 +103,7 @@ def test_a_failing_batch_fails_only_its_own_requests_and_the_session_keeps_servi
     poison = task.tokenizer.convert_tokens_to_ids("explode")
     engine = ExplodingEngine(load_engine("onnx", tiny_model_dir, threads=1), poison)
     queue = WorkQueue()
-    session = InferenceSession(0, lambda: engine, task, queue, max_batch_size=2)
+    session = InferenceSession(0, lambda: engine, task, queue, policy=2)
     replies: list[tuple[Any, Any, Any]] = []
     texts = [("Who?", "Ann met Bob."), ("What?", "It will explode soon."), ("Why?", "Rain."),
              ("When?", "At noon."), ("Where?", "Here.")]
@@ -139,7 +139,7 @@ def test_a_burst_is_served_by_all_sessions_in_batches_up_to_the_cap(tiny_model_d
     task = QATask.from_dir(tiny_model_dir)
     queue = WorkQueue()
     sessions = [InferenceSession(i, lambda: load_engine("onnx", tiny_model_dir, threads=1), task,
-                                 queue, max_batch_size=3) for i in range(2)]
+                                 queue, policy=3) for i in range(2)]
     replies: list[tuple[Any, Any, Any]] = []
     for n in range(30):
         queue.put(WorkItem(features=task.preprocess("Who?", "Ann met Bob. " * 30),

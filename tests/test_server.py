@@ -175,6 +175,7 @@ class GatedEngine(Engine):
 
     def __init__(self, inner: Engine) -> None:
         self.inner, self.gate = inner, threading.Event()
+        self.gate.set()  # open while the server starts (every engine is primed before ready)
         self.input_names, self.name = inner.input_names, "gated"
 
     def run(self, feeds: Any) -> dict[str, Any]:
@@ -192,9 +193,10 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
 def test_shutdown_answers_admitted_requests_and_refuses_new_ones(tiny_model_dir: Path) -> None:
     engine = GatedEngine(load_engine("onnx", tiny_model_dir, threads=1))
     config = ServerConfig(port=0, model_dir=str(tiny_model_dir), num_inference_sessions=1,
-                          max_batch_size=2)
+                          batching="fixed", max_batch_size=2)
     srv = InferenceServer(config, engine_factory=lambda: engine)
     srv.start()
+    engine.gate.clear()  # from now on, batches are held until the test opens the gate
     conn = RawConnection(srv.address)
     conn.send_raw(b"".join(encode_frame(qa_request(i, QUESTIONS[i % 6], CONTEXTS[i % 6]))
                            for i in range(10)))

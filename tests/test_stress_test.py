@@ -50,9 +50,9 @@ class SlowEngine(Engine):
         self.inner.close()
 
 
-def _config(model_dir: Path) -> ServerConfig:
+def _config(model_dir: Path, **options: Any) -> ServerConfig:
     return ServerConfig(port=0, model_dir=str(model_dir), num_inference_sessions=1,
-                        threads_per_session=1)
+                        threads_per_session=1, **options)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,8 @@ def slow_server(tiny_model_dir: Path) -> Iterator[InferenceServer]:
     def factory() -> Engine:
         return SlowEngine(load_engine("onnx", tiny_model_dir, threads=1), 0.04)
 
-    with InferenceServer(_config(tiny_model_dir), engine_factory=factory) as srv:
+    # batching off: a fixed cost per batch is what auto batching would (rightly) amortise
+    with InferenceServer(_config(tiny_model_dir, batching="off"), engine_factory=factory) as srv:
         yield srv
 
 

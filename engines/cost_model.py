@@ -1,0 +1,83 @@
+"""How long the engine takes for a batch shape, learnt from measurements (warm-up, then online).
+
+Shapes are bucketed: rows to powers of two, padded length to multiples of ``LENGTH_STEP``. Each
+bucket keeps its most recent measurements and answers with their lower median, so one outlier (a
+pause, a noisy neighbour, a batch held up elsewhere) cannot swing a decision: noise only ever adds
+time. ``estimate`` interpolates over rows at the nearest measured length and scales by the tokens
+ratio, so a model warmed on a few shapes can rank any candidate batch. Pure Python, thread-safe; it knows nothing of engines or sockets.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+
+LENGTH_STEP = 32
+WINDOW = 9  # recent measurements kept per bucket
+
+
+def rows_bucket(rows: int) -> int:
+    """Rows rounded up to a power of two."""
+    return 1 << max(0, math.ceil(math.log2(max(1, rows))))
+
+
+def length_bucket(length: int) -> int:
+    """Padded length rounded up to a multiple of LENGTH_STEP."""
+    return max(LENGTH_STEP, -(-length // LENGTH_STEP) * LENGTH_STEP)
+
+
+class CostModel:
+    """Seconds per batch as a function of (rows, padded length)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._samples: dict[tuple[int, int], deque[float]] = {}
+        self._seconds: dict[tuple[int, int], float] = {}  # lower median of each bucket's samples
+
+    def observe(self, rows: int, length: int, seconds: float) -> None:
+        """Record one measured batch (engine time only)."""
+        key = (rows_bucket(rows), length_bucket(length))
+        scaled = seconds * key[0] / max(1, rows)  # to the bucket's own row count
+        with self._lock:
+            samples = self._samples.setdefault(key, deque(maxlen=WINDOW))
+            samples.append(scaled)
+            self._seconds[key] = sorted(samples)[(len(samples) - 1) // 2]
+
+    def estimate(self, rows: int, length: int) -> float | None:
+        """Predicted seconds for a batch of ``rows`` padded to ``length``; None before any data."""
+        with self._lock:
+            return self._nearest(rows, (rows_bucket(rows), length_bucket(length)))
+
+    def _nearest(self, rows: int, want: tuple[int, int]) -> float | None:
+        """Interpolate over rows at the nearest measured length, then scale by the length ratio."""
+        if not self._seconds:
+            return None
+        lengths = {length for _, length in self._seconds}
+        length = min(lengths, key=lambda n: abs(math.log2(n / want[1])))
+        points = sorted((r, s) for (r, n), s in self._seconds.items() if n == length)
+        return _interpolate(points, rows) * want[1] / length
+
+    def per_row(self, rows: int, length: int) -> float | None:
+        """Predicted seconds per row: the figure batching tries to lower."""
+        seconds = self.estimate(rows, length)
+        return None if seconds is None else seconds / max(1, rows)
+
+    def table(self) -> dict[str, float]:
+        """Measured buckets as {"ROWSxLENGTH": milliseconds per batch}, for stats."""
+        with self._lock:
+            return {f"{r}x{n}": 1000 * s for (r, n), s in sorted(self._seconds.items())}
+
+
+def _interpolate(points: list[tuple[int, float]], rows: int) -> float:
+    """Seconds at ``rows`` from measured (rows, seconds) points: linear between neighbours (so a
+    fixed per-batch overhead shows), proportional below the first, extended along the last
+    segment (never falling) beyond the last."""
+    first_rows, first_s = points[0]
+    if rows <= first_rows or len(points) == 1:
+        return first_s * rows / first_rows
+    for (r1, s1), (r2, s2) in zip(points, points[1:]):
+        if rows <= r2:
+            return s1 + (s2 - s1) * (rows - r1) / (r2 - r1)
+    (r1, s1), (r2, s2) = points[-2:]
+    return s2 + max(0.0, (s2 - s1) / (r2 - r1)) * (rows - r2)

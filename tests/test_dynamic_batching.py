@@ -1,0 +1,217 @@
+"""Dynamic batching: batches form when a session is free, within caps, length- and cost-aware.
+
+The engines here are real Engine implementations whose cost the test controls: they sleep for a
+time given by a formula of the batch shape and return logits of the right shape.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from client import Client
+from engines.base import Engine
+from engines.batching import BatchPolicy, WorkItem, WorkQueue
+from engines.cost_model import CostModel
+from server import InferenceServer, ServerConfig
+from tests.helpers import CONTEXTS, QUESTIONS
+
+
+class TimedEngine(Engine):
+    """Sleeps ``cost(rows, length)`` seconds per batch; records every batch shape it ran."""
+
+    name = "timed"
+
+    def __init__(self, cost: Callable[[int, int], float]) -> None:
+        self.cost = cost
+        self.input_names = ("input_ids", "attention_mask", "token_type_ids")
+        self.shapes: list[tuple[int, int]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def run(self, feeds: Any) -> dict[str, np.ndarray]:
+        assert self.gate.wait(60)
+        rows, length = feeds["input_ids"].shape
+        self.shapes.append((rows, length))
+        time.sleep(self.cost(rows, length))
+        logits = np.zeros((rows, length), dtype=np.float32)
+        return {"start_logits": logits, "end_logits": logits.copy()}
+
+
+def item(length: int, rows: int = 1, tag: Any = None) -> WorkItem:
+    return WorkItem(features=tag if tag is not None else length, respond=lambda r, e: None,
+                    rows=rows, length=length)
+
+
+def drain(queue: WorkQueue, policy: BatchPolicy) -> list[list[Any]]:
+    batches = []
+    queue.close()
+    while batch := queue.take_batch(policy):
+        batches.append([i.features for i in batch])
+        queue.done()
+    return batches
+
+
+# -- batch formation at the queue ---------------------------------------------------------------
+
+def test_a_lone_request_is_taken_at_once_whatever_the_queue_delay() -> None:
+    queue = WorkQueue()
+    queue.put(item(64))
+    policy = BatchPolicy(mode="fixed", max_items=8, max_delay_s=5.0)
+    started = time.monotonic()
+    assert len(queue.take_batch(policy)) == 1
+    assert time.monotonic() - started < 2.5  # the 5 s delay was not spent: no other load
+
+
+def test_a_burst_forms_batches_up_to_the_request_cap() -> None:
+    queue = WorkQueue()
+    for n in range(10):
+        queue.put(item(64, tag=n))
+    batches = drain(queue, BatchPolicy(mode="fixed", max_items=4))
+    assert [len(b) for b in batches] == [4, 4, 2]
+    assert sorted(sum(batches, [])) == list(range(10))
+
+
+def test_the_token_budget_caps_rows_times_padded_length() -> None:
+    queue = WorkQueue()
+    shapes = [(64, 1), (300, 2), (64, 1), (128, 1), (300, 1), (32, 3), (64, 1), (500, 2)]
+    for n, (length, rows) in enumerate(shapes):
+        queue.put(WorkItem(features=n, respond=lambda r, e: None, rows=rows, length=length))
+    policy = BatchPolicy(mode="fixed", max_items=8, max_tokens=640)
+    for batch in drain(queue, policy):
+        rows = sum(shapes[n][1] for n in batch)
+        length = max(shapes[n][0] for n in batch)
+        assert rows * length <= 640 or len(batch) == 1  # one oversized request runs alone
+
+
+def test_similar_lengths_are_batched_together() -> None:
+    queue = WorkQueue()
+    for n, length in enumerate([40, 380, 42, 370, 44, 375]):
+        queue.put(item(length, tag=(n, length)))
+    batches = drain(queue, BatchPolicy(mode="fixed", max_items=3))
+    lengths = [sorted(length for _, length in batch) for batch in batches]
+    assert lengths == [[40, 42, 44], [370, 375, 380]]
+
+
+def test_a_long_request_is_not_starved_by_a_stream_of_short_ones() -> None:
+    queue = WorkQueue()
+    policy = BatchPolicy(mode="fixed", max_items=2, lookahead=4)
+    queue.put(item(16, tag="short-0"))
+    queue.put(item(500, tag="LONG"))
+    taken: list[Any] = []
+    for n in range(1, 40):  # shorts keep arriving, each preferred by length over the long one
+        queue.put(item(16, tag=f"short-{n}"))
+        taken.append([i.features for i in queue.take_batch(policy)])
+        queue.done()
+        if any("LONG" in b for b in taken):
+            break
+    position = next(k for k, b in enumerate(taken) if "LONG" in b)
+    assert position <= 1  # served as soon as it is the oldest waiting request
+
+
+def test_off_takes_one_request_at_a_time() -> None:
+    queue = WorkQueue()
+    for n in range(3):
+        queue.put(item(64, tag=n))
+    assert drain(queue, BatchPolicy(mode="off", max_items=8)) == [[0], [1], [2]]
+
+
+@pytest.mark.parametrize("per_row_cost, expected_size", [
+    (lambda rows, length: 0.001 * rows * (1 + 0.2 * (rows - 1)), 1),  # batching hurts (CPU-like)
+    (lambda rows, length: 0.010 + 0.0005 * rows, 8),                  # overhead-bound (GPU-like)
+])
+def test_auto_batches_only_as_far_as_the_measured_cost_pays(per_row_cost: Any,
+                                                            expected_size: int) -> None:
+    cost = CostModel()
+    for rows in (1, 2, 4, 8):
+        cost.observe(rows, 64, per_row_cost(rows, 64))
+    queue = WorkQueue()
+    for n in range(8):
+        queue.put(item(64, tag=n))
+    batch = queue.take_batch(BatchPolicy(mode="auto", max_items=8, cost=cost))
+    assert len(batch) == expected_size
+
+
+# -- the server, end to end ----------------------------------------------------------------------
+
+def serve(tiny_model_dir: Path, engine: TimedEngine, **options: Any) -> InferenceServer:
+    config = ServerConfig(port=0, model_dir=str(tiny_model_dir), num_inference_sessions=1,
+                          **options)
+    return InferenceServer(config, engine_factory=lambda: engine)
+
+
+def burst_batch_sizes(server: InferenceServer, engine: TimedEngine, count: int) -> list[int]:
+    """Hold the session on a long request, send a burst of short ones, release; the batch sizes
+    the session formed for the burst. (The held batch's time includes the hold: it is a long
+    request so that outlier lands in another shape bucket than the burst's.)"""
+    engine.gate.clear()
+    with Client(*server.address) as client:
+        blocker = client.submit(QUESTIONS[0], " ".join(CONTEXTS * 3))
+        while server.stats.snapshot()["in_flight"] < 1 or len(server.queue):
+            time.sleep(0.01)  # the session has taken the blocker and waits at the gate
+        futures = [client.submit(QUESTIONS[i % 6], CONTEXTS[i % 6]) for i in range(count)]
+        while server.stats.admitted < count + 1:
+            time.sleep(0.01)
+        engine.gate.set()
+        results = [f.result(timeout=60) for f in futures]
+        blocker.result(timeout=60)
+    assert all(CONTEXTS[i % 6][r["start"]:r["end"]] == r["answer"] for i, r in enumerate(results))
+    hist = server.stats.snapshot()["batch_size_histogram"]
+    sizes = sorted((int(k) for k, v in hist.items() for _ in range(v)), reverse=True)
+    sizes.remove(1)  # the blocker's own batch
+    return sizes
+
+
+@pytest.fixture
+def gpu_like() -> TimedEngine:
+    return TimedEngine(lambda rows, length: 0.02 + 0.0002 * rows)
+
+
+def test_server_auto_batches_a_burst_on_overhead_bound_hardware(tiny_model_dir: Path,
+                                                              gpu_like: TimedEngine) -> None:
+    with serve(tiny_model_dir, gpu_like, batching="auto", max_batch_size=8) as server:
+        sizes = burst_batch_sizes(server, gpu_like, 20)
+        stats = server.stats_result()
+    assert sum(sizes) == 20 and max(sizes) == 8  # held-back burst taken in full batches
+    assert stats["batching"]["mode"] == "auto" and stats["batching"]["cost_model_ms"]
+
+
+def test_server_auto_serves_batch_one_where_batching_does_not_pay(tiny_model_dir: Path) -> None:
+    cpu_like = TimedEngine(lambda rows, length: 0.004 * rows * (1 + 0.3 * (rows - 1)))
+    with serve(tiny_model_dir, cpu_like, batching="auto", max_batch_size=8) as server:
+        sizes = burst_batch_sizes(server, cpu_like, 12)
+    assert sizes == [1] * 12
+
+
+def test_warm_up_times_shapes_before_ready_and_stops_where_batching_stops_paying(
+        tiny_model_dir: Path) -> None:
+    cpu_like = TimedEngine(lambda rows, length: 0.004 * rows * (1 + 0.3 * (rows - 1)))
+    with serve(tiny_model_dir, cpu_like, batching="auto", max_batch_size=32) as server:
+        warmed = list(cpu_like.shapes)
+        assert server.ready
+    assert warmed, "no warm-up before ready"
+    assert max(rows for rows, _ in warmed) == 2  # per-row cost rose at 2 rows: stop there
+
+
+def test_fixed_batches_up_to_the_cap_and_off_never_batches(tiny_model_dir: Path,
+                                                          gpu_like: TimedEngine) -> None:
+    with serve(tiny_model_dir, gpu_like, batching="fixed", max_batch_size=5) as server:
+        assert max(burst_batch_sizes(server, gpu_like, 12)) == 5
+    off = TimedEngine(lambda rows, length: 0.001)
+    with serve(tiny_model_dir, off, batching="off", max_batch_size=5) as server:
+        assert burst_batch_sizes(server, off, 6) == [1] * 6
+
+
+def test_batches_respect_the_token_budget_in_the_server(tiny_model_dir: Path,
+                                                       gpu_like: TimedEngine) -> None:
+    with serve(tiny_model_dir, gpu_like, batching="fixed", max_batch_size=16,
+               max_batch_tokens=200) as server:
+        burst_batch_sizes(server, gpu_like, 16)
+    for rows, length in gpu_like.shapes:
+        assert rows * length <= 200 or rows == 1
