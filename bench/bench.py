@@ -8,7 +8,7 @@
     server's own layout without the server: --sessions engines in as many threads, batch 1. The
     best of these is the ceiling the server is held to.
 (2) The server (a real `server.py` process) under stress_test.py's closed-loop load at each
-    concurrency, for each engine.
+    concurrency, for each engine and each --batching mode (auto and off, side by side).
 It prints one table with each server figure divided by the best raw-engine figure, and p50 at
 concurrency 1 minus the raw batch-1 latency, and writes every figure as JSON.
 """
@@ -139,35 +139,49 @@ def subprocess_drain(proc: Any) -> None:
 
 
 def server_runs(kind: str, model_dir: str, pairs: list[tuple[str, str]], levels: list[int],
-                sessions: int, min_requests: int, extra: list[str]) -> list[dict[str, Any]]:
-    """Closed-loop load at each concurrency against one server process."""
-    proc, port = start_server(kind, model_dir, sessions, extra)
+                sessions: int, min_requests: int, extra: list[str],
+                modes: list[str]) -> list[dict[str, Any]]:
+    """Closed-loop load at each concurrency, one server process per batching mode.
+
+    All servers start first (an idle one costs nothing); at each level the modes run one after
+    the other, in alternating order, so that drift on a shared machine does not favour one."""
+    servers = {mode: start_server(kind, model_dir, sessions, [*extra, "--batching", mode])
+               for mode in modes}
     rows = []
     try:
-        for clients in levels:
-            per_client = max(4, -(-min_requests // clients))
-            result = run_closed_loop("127.0.0.1", port, clients=clients,
-                                     requests_per_client=per_client, pairs=pairs,
-                                     warmup=2 * sessions, progress=False)
-            result.update(engine=kind, concurrency=clients)
-            rows.append(result)
-            print(f"  server {kind} c={clients:>3}: {result['throughput_rps']:7.1f} req/s, "
-                  f"p50 {result['p50_ms']:7.1f} ms, p99 {result['p99_ms']:7.1f} ms, "
-                  f"errors {result['errors'] or 0}", flush=True)
+        for n, clients in enumerate(levels):
+            for mode in modes if n % 2 == 0 else modes[::-1]:
+                rows.append(_one_level(kind, mode, servers[mode][1], clients, pairs, sessions,
+                                       min_requests))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
+        for proc, _ in servers.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc, _ in servers.values():
+            proc.wait(timeout=120)
     return rows
+
+
+def _one_level(kind: str, mode: str, port: int, clients: int, pairs: list[tuple[str, str]],
+               sessions: int, min_requests: int) -> dict[str, Any]:
+    per_client = max(4, -(-min_requests // clients))
+    result = run_closed_loop("127.0.0.1", port, clients=clients, requests_per_client=per_client,
+                             pairs=pairs, warmup=2 * sessions, progress=False)
+    result.update(engine=kind, concurrency=clients, batching=mode)
+    print(f"  server {kind} batching={mode} c={clients:>3}: {result['throughput_rps']:7.1f} req/s, "
+          f"p50 {result['p50_ms']:7.1f} ms, p99 {result['p99_ms']:7.1f} ms, "
+          f"errors {result['errors'] or 0}", flush=True)
+    return result
 
 
 def summary_table(raw: list[dict[str, Any]], server: list[dict[str, Any]]) -> str:
     """The one table: server figures against the best raw-engine figure of the same engine."""
-    lines = ["| engine | clients | req/s | / best raw | p50 ms | p99 ms | p99/p50 | mean batch |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| engine | batching | clients | req/s | / best raw | p50 ms | p99 ms | p99/p50 | "
+             "mean batch |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in server:
         best = max(r["pairs_per_s"] for r in raw if r["engine"] == row["engine"])
         batch = row.get("server", {}).get("mean_batch_size", float("nan"))
-        lines.append(f"| {row['engine']} | {row['concurrency']} | {row['throughput_rps']:.1f} | "
+        lines.append(f"| {row['engine']} | {row['batching']} | {row['concurrency']} | "
+                     f"{row['throughput_rps']:.1f} | "
                      f"{row['throughput_rps'] / best:.2f} | {row['p50_ms']:.1f} | "
                      f"{row['p99_ms']:.1f} | {row['p99_ms'] / row['p50_ms']:.2f} | {batch:.2f} |")
     lines += ["", "| engine | best raw pairs/s (layout, batch) | raw batch-1 p50 ms | server p50 "
@@ -177,12 +191,28 @@ def summary_table(raw: list[dict[str, Any]], server: list[dict[str, Any]]) -> st
         best = max(mine, key=lambda r: r["pairs_per_s"])
         one = next((r for r in mine if r["batch_size"] == 1 and "parallel" not in r["layout"]),
                    None)
-        lone = next((s for s in server if s["engine"] == kind and s["concurrency"] == 1), None)
+        lone = next((s for s in server if s["engine"] == kind and s["concurrency"] == 1
+                     and s["batching"] == server[0]["batching"]), None)
         if one and lone:
             lines.append(f"| {kind} | {best['pairs_per_s']:.1f} ({best['layout']}, "
                          f"{best['batch_size']}) | {one['p50_batch_ms']:.1f} | {lone['p50_ms']:.1f} "
                          f"| {lone['p50_ms'] - one['p50_batch_ms']:+.1f} |")
     return "\n".join(lines)
+
+
+def batching_table(server: list[dict[str, Any]], base: str = "off") -> str:
+    """Each batching mode's throughput and p50 against ``base`` at the same engine and clients."""
+    lines = [f"| engine | batching | clients | req/s vs {base} | p50 vs {base} |",
+             "|---|---|---:|---:|---:|"]
+    for row in server:
+        ref = next((r for r in server if r["batching"] == base and r["engine"] == row["engine"]
+                    and r["concurrency"] == row["concurrency"]), None)
+        if ref is None or row is ref:
+            continue
+        lines.append(f"| {row['engine']} | {row['batching']} | {row['concurrency']} | "
+                     f"{row['throughput_rps'] / ref['throughput_rps']:.2f} | "
+                     f"{row['p50_ms'] / ref['p50_ms']:.2f} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def raw_table(raw: list[dict[str, Any]]) -> str:
@@ -217,6 +247,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch_sizes", default="1,2,4,8,16,32,64")
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--sessions", type=int, default=2, help="server --num_inference_sessions")
+    p.add_argument("--batching", default="auto,off",
+                   help="server --batching modes to run side by side (first is the default's)")
     p.add_argument("--raw_pairs", type=int, default=128, help="pairs per batch size (at least)")
     p.add_argument("--server_requests", type=int, default=256, help="requests per concurrency")
     p.add_argument("--raw_threads", type=int, default=0, help="engine threads (0: all cores)")
@@ -244,10 +276,14 @@ def main(argv: list[str] | None = None) -> int:
         raw += raw_ceiling(kind, args.model_dir, pairs, sizes, args.raw_pairs, threads)
         if args.sessions > 1:
             raw.append(raw_parallel(kind, args.model_dir, pairs, args.sessions, args.raw_pairs))
+    modes = args.batching.split(",")
     server = [row for kind in kinds for row in
               server_runs(kind, args.model_dir, pairs, levels, args.sessions,
-                          args.server_requests, args.server_args.split())]
-    print("\n" + raw_table(raw) + "\n\n" + summary_table(raw, server))
+                          args.server_requests, args.server_args.split(), modes)]
+    server.sort(key=lambda r: (kinds.index(r["engine"]), modes.index(r["batching"]),
+                               r["concurrency"]))
+    print("\n" + raw_table(raw) + "\n\n" + summary_table(raw, server) + "\n\n"
+          + batching_table(server))
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": info, "args": vars(args), "raw": raw, "server": server},
