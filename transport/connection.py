@@ -59,6 +59,9 @@ class Connection:
         self._pending_done = threading.Condition()
         self._open = True
         _set_send_timeout(sock, server.send_timeout_s)
+        # Each reply is one small write; without this, Nagle's algorithm can hold a pipelined
+        # reply until the client acknowledges the previous one (up to a delayed-ACK timeout).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.thread = threading.Thread(target=self.serve, name=f"conn-{self.peer}", daemon=True)
 
     def is_open(self) -> bool:
