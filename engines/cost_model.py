@@ -34,13 +34,25 @@ class CostModel:
         self._lock = threading.Lock()
         self._samples: dict[tuple[int, int], deque[float]] = {}
         self._seconds: dict[tuple[int, int], float] = {}  # lower median of each bucket's samples
+        self._prior: set[tuple[int, int]] = set()  # buckets holding warm-up samples only
 
-    def observe(self, rows: int, length: int, seconds: float) -> None:
-        """Record one measured batch (engine time only)."""
+    def observe(self, rows: int, length: int, seconds: float, warmup: bool = False) -> None:
+        """Record one measured batch (engine time only).
+
+        Warm-up samples are a prior: they are taken with the server idle, while live batches run
+        beside other sessions' work. A bucket's first live sample replaces its warm-up samples,
+        so a bucket used rarely is never compared at idle cost against one used often at
+        loaded cost.
+        """
         key = (rows_bucket(rows), length_bucket(length))
         scaled = seconds * key[0] / max(1, rows)  # to the bucket's own row count
         with self._lock:
             samples = self._samples.setdefault(key, deque(maxlen=WINDOW))
+            if warmup:
+                self._prior.add(key)
+            elif key in self._prior:
+                self._prior.discard(key)
+                samples.clear()
             samples.append(scaled)
             self._seconds[key] = sorted(samples)[(len(samples) - 1) // 2]
 

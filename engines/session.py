@@ -110,7 +110,7 @@ class InferenceSession(threading.Thread):
             engine.run(feeds)
             seconds = min(seconds, time.monotonic() - started)
         if self.policy.cost is not None:
-            self.policy.cost.observe(rows, length, seconds)
+            self.policy.cost.observe(rows, length, seconds, warmup=True)
         return seconds
 
     def run_batch(self, batch: list[WorkItem]) -> None:

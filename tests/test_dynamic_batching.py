@@ -215,3 +215,21 @@ def test_batches_respect_the_token_budget_in_the_server(tiny_model_dir: Path,
         burst_batch_sizes(server, gpu_like, 16)
     for rows, length in gpu_like.shapes:
         assert rows * length <= 200 or rows == 1
+
+
+def test_live_measurements_replace_warm_up_ones_in_the_cost_model() -> None:
+    cost = CostModel()
+    cost.observe(4, 64, 0.010, warmup=True)  # measured with the server idle
+    cost.observe(4, 64, 0.011, warmup=True)
+    cost.observe(4, 64, 0.030)  # the same shape under load
+    assert cost.estimate(4, 64) == pytest.approx(0.030)
+    cost.observe(4, 64, 0.020)
+    assert cost.estimate(4, 64) == pytest.approx(0.020)  # lower median of the live samples
+
+
+def test_one_outlier_does_not_move_a_bucket_with_history() -> None:
+    cost = CostModel()
+    for _ in range(4):
+        cost.observe(1, 64, 0.010)
+    cost.observe(1, 64, 0.500)  # a pause
+    assert cost.estimate(1, 64) == pytest.approx(0.010)
