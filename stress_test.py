@@ -24,19 +24,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.loadgen import (
+from bench.figures import (
     TIMINGS,
-    ClosedSpec,
-    OpenSpec,
     check_positive,
-    closed_worker,
     json_safe,
-    measure,
-    open_worker,
     process_count,
     split_evenly,
     summarize_lags,
 )
+from bench.loadgen import ClosedSpec, OpenSpec, closed_worker, open_worker
+from bench.loadrun import measure
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "bench" / "data" / "qa_pairs.jsonl"
 

@@ -15,14 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench.figures import percentile, server_breakdown
 from bench.loadgen import (
     OpenSpec,
     Recorder,
     _OpenTracker,
     _send_on_schedule,
-    percentile,
     poisson_offsets,
-    server_breakdown,
 )
 from client import Client
 from engines import load_engine
