@@ -148,8 +148,8 @@ class InferenceServer:
                                   max_tokens=cfg.max_batch_tokens,
                                   max_delay_s=cfg.max_queue_delay_ms / 1000,
                                   lookahead=cfg.batch_lookahead, cost=CostModel())
-        warmup = sorted({64, 128, 256, self.task.config.max_seq_len}
-                        & set(range(1, self.task.config.max_seq_len + 1)))
+        longest = self.task.config.max_seq_len
+        warmup = sorted({n for n in (64, 128, 256) if n < longest} | {longest})
         # One session times the warm-up shapes for the shared cost model (sessions warming at
         # once would time each other's contention); every session primes its engine.
         self.sessions = [InferenceSession(i, factory, self.task, self.queue, self.policy,
@@ -268,16 +268,20 @@ class InferenceServer:
             self._listener.stop()  # first stop accepting, then refuse new requests
         self._draining = True
         self.queue.close()
-        deadline = _Deadline(timeout)
+        deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
         for session in self.sessions:
-            session.join(deadline.left())
+            session.join(left())
         drained = not any(s.is_alive() for s in self.sessions)
         with self._lock:
             connections = list(self.connections)
         for conn in connections:
             conn.close()
         for conn in connections:
-            conn.thread.join(deadline.left())
+            conn.thread.join(left())
         if self._metrics_httpd is not None:
             self._metrics_httpd.shutdown()
             self._metrics_httpd.server_close()
@@ -290,19 +294,6 @@ class InferenceServer:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-
-class _Deadline:
-    """Seconds left until a fixed moment, never negative."""
-
-    def __init__(self, seconds: float) -> None:
-        import time
-
-        self._clock = time.monotonic
-        self._end = self._clock() + seconds
-
-    def left(self) -> float:
-        return max(0.0, self._end - self._clock())
 
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:

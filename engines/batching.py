@@ -196,16 +196,6 @@ class WorkQueue:
             self._not_empty.notify_all()
             self._not_full.notify_all()
 
-    @property
-    def closed(self) -> bool:
-        """True once ``close`` was called."""
-        return self._closed
-
-    @property
-    def busy(self) -> int:
-        """Sessions running a batch now."""
-        return self._busy
-
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)

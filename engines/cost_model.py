@@ -70,11 +70,6 @@ class CostModel:
         points = sorted((r, s) for (r, n), s in self._seconds.items() if n == length)
         return _interpolate(points, rows) * want[1] / length
 
-    def per_row(self, rows: int, length: int) -> float | None:
-        """Predicted seconds per row: the figure batching tries to lower."""
-        seconds = self.estimate(rows, length)
-        return None if seconds is None else seconds / max(1, rows)
-
     def table(self) -> dict[str, float]:
         """Measured buckets as {"ROWSxLENGTH": milliseconds per batch}, for stats."""
         with self._lock:

@@ -87,8 +87,8 @@ class InferenceSession(threading.Thread):
         """Run and time the shapes batching will use, before the server reports ready.
 
         For each warm-up length, rows double from 1 while the time per row keeps falling by at
-        least MIN_GAIN (and within the policy's caps): on hardware where batching does not pay this stops at 2 rows,
-        where it pays it goes up to the cap. Each shape runs once untimed (first runs allocate),
+        least MIN_GAIN (and within the policy's caps): where batching does not pay this stops at
+        2 rows, where it pays it goes up to the cap. Each shape runs once untimed (first runs allocate),
         then twice timed; the faster time goes into the cost model.
         """
         engine.run(dummy_feeds(engine.input_names, 1, 16))  # every engine: first run allocates
