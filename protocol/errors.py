@@ -67,6 +67,38 @@ class ShuttingDown(ServerError):
     code = "shutting_down"
 
 
+class Overloaded(ServerError):
+    """The shared queue is full: the request was refused at once, before any work was done."""
+
+    code = "overloaded"
+
+
+class DeadlineExceeded(ServerError):
+    """The request's deadline passed while it waited in the queue; it was never run."""
+
+    code = "deadline_exceeded"
+
+
+class TooManyConnections(ServerError):
+    """The server is at its connection cap; sent once on a new connection, which is then closed."""
+
+    code = "too_many_connections"
+    fatal = True
+
+
+class IdleTimeout(ServerError):
+    """The connection sent nothing and awaited nothing for too long; it is closed after this."""
+
+    code = "idle_timeout"
+    fatal = True
+
+
+class FrameTimeout(ProtocolError):
+    """A frame's bytes arrived too slowly (slowloris); the connection is closed after this."""
+
+    code = "frame_timeout"
+
+
 class UnknownServerError(ServerError):
     """An error reply whose code this version does not know (a newer server, say)."""
 
@@ -77,7 +109,8 @@ class UnknownServerError(ServerError):
 
 ERRORS_BY_CODE: dict[str, type[ServerError]] = {
     cls.code: cls
-    for cls in (BadRequest, ProtocolError, FrameTooLarge, InternalError, EngineError, ShuttingDown)
+    for cls in (BadRequest, ProtocolError, FrameTooLarge, InternalError, EngineError, ShuttingDown,
+                Overloaded, DeadlineExceeded, TooManyConnections, IdleTimeout, FrameTimeout)
 }
 
 

@@ -11,6 +11,7 @@ function, one dataclass and one entry in that table.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
@@ -18,6 +19,7 @@ from protocol.errors import BadRequest, ProtocolError, ServerError, error_for_co
 
 __all__ = [
     "REQUEST_PARSERS",
+    "FieldLimits",
     "PingRequest",
     "QARequest",
     "StatsRequest",
@@ -43,6 +45,7 @@ class QARequest:
     id: int
     question: str
     context: str
+    timeout_ms: float | None = None  # None: the server's default deadline
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -117,6 +120,14 @@ def _is_str(value: object) -> bool:
     return isinstance(value, str)
 
 
+def _is_timeout(value: object) -> bool:
+    """A positive, finite number of milliseconds, or nil."""
+    if value is None:
+        return True
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return is_number and math.isfinite(value) and value > 0  # type: ignore[arg-type]
+
+
 def _is_bool(value: object) -> bool:
     return isinstance(value, bool)
 
@@ -166,7 +177,31 @@ def _echo(text: str) -> str:
 def _parse_qa(obj: Mapping[Any, Any], request_id: int) -> QARequest:
     question = _text(obj, "question", request_id)
     context = _text(obj, "context", request_id)
-    return QARequest(id=request_id, question=question, context=context)
+    timeout_ms = None
+    if obj.get("timeout_ms") is not None:
+        timeout_ms = _take(obj, "timeout_ms", _is_timeout, "a positive number of milliseconds",
+                           BadRequest, request_id)
+    return QARequest(id=request_id, question=question, context=context, timeout_ms=timeout_ms)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FieldLimits:
+    """Caps on a ``qa`` request's text, in characters (Unicode code points); 0 means no cap.
+
+    The names are the server options that set them, and the error message names the option.
+    """
+
+    max_question_chars: int = 1_000
+    max_context_chars: int = 100_000
+
+    def check(self, request: QARequest) -> None:
+        """Raise BadRequest naming the limit if ``request`` has a field over its cap."""
+        for name, text, option in (("question", request.question, "max_question_chars"),
+                                   ("context", request.context, "max_context_chars")):
+            limit = getattr(self, option)
+            if limit and len(text) > limit:
+                raise BadRequest(f"field {name!r} has {len(text)} characters; the limit is "
+                                 f"{limit} ({option})", request_id=request.id)
 
 
 def _parse_ping(obj: Mapping[Any, Any], request_id: int) -> PingRequest:
@@ -213,9 +248,14 @@ def parse_request(obj: object) -> Request:
     return parser(obj, request_id)
 
 
-def qa_request(request_id: int, question: str, context: str) -> dict[str, Any]:
-    """Build the wire map of a ``qa`` request."""
-    return {"id": request_id, "op": QARequest.op, "question": question, "context": context}
+def qa_request(request_id: int, question: str, context: str,
+               timeout_ms: float | None = None) -> dict[str, Any]:
+    """Build the wire map of a ``qa`` request (``timeout_ms``: its deadline, from admission)."""
+    message: dict[str, Any] = {"id": request_id, "op": QARequest.op, "question": question,
+                               "context": context}
+    if timeout_ms is not None:
+        message["timeout_ms"] = timeout_ms
+    return message
 
 
 def ping_request(request_id: int) -> dict[str, Any]:
