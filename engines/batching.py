@@ -1,8 +1,9 @@
 """The shared, bounded, thread-safe work queue, and how a free session forms its next batch.
 
-Pure threading: it knows no sockets and no models. Producers ``put`` work items (blocking while the
-queue is full). A session calls ``take_batch``, which blocks, without polling, until work is
-waiting, then forms a batch according to a ``BatchPolicy``:
+Pure threading: it knows no sockets and no models. Producers ``put`` work items; a full queue
+refuses at once with ``Overloaded`` (memory stays bounded, the client learns it now, not later).
+A session calls ``take_batch``, which blocks, without polling, until work is waiting, then forms a
+batch according to a ``BatchPolicy``:
 
 * the oldest waiting request is always in the batch, so nothing starves;
 * the rest come from a bounded look-ahead, similar padded lengths first, then by arrival;
@@ -15,12 +16,18 @@ waiting, then forms a batch according to a ``BatchPolicy``:
   bigger batch would be cheaper per request, other sessions are busy (real load), and requests are
   arriving fast enough that one is expected before the delay runs out.
 
+Items may carry a deadline: a ``DeadlineReaper`` thread sleeps until the earliest one and answers
+every item still queued past its deadline with ``DeadlineExceeded``, whether or not a session is
+free. ``purge`` removes items nobody waits for any more (their client left).
+
 ``close`` stops admission; sessions drain what was admitted and then get an empty batch.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -29,7 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.cost_model import CostModel
-from protocol.errors import ServerError, ShuttingDown
+from protocol.errors import DeadlineExceeded, Overloaded, ServerError, ShuttingDown
+
+log = logging.getLogger(__name__)
 
 #: Called exactly once per work item: (result, None) on success or (None, error) on failure.
 Responder = Callable[[dict[str, Any] | None, ServerError | None], None]
@@ -46,6 +55,30 @@ class WorkItem:
     rows: int = 1  # engine rows it needs (context windows)
     length: int = 1  # its longest row, in tokens
     enqueued_at: float = field(default_factory=time.monotonic)
+    deadline: float | None = None  # time.monotonic() after which it must not run
+    queued: bool = field(default=False, repr=False)  # in the queue now (set by the queue)
+    answered: bool = field(default=False, repr=False)
+
+    def answer(self, result: dict[str, Any] | None, error: ServerError | None) -> None:
+        """Call ``respond`` once; later calls do nothing, and a failing responder (a dead
+        socket, say) is logged, never raised to the session or reaper that answers."""
+        if self.answered:
+            return
+        self.answered = True
+        try:
+            self.respond(result, error)
+        except Exception:  # noqa: BLE001
+            log.exception("responder failed")
+
+    def expired(self, now: float) -> bool:
+        """Whether its deadline has passed at ``now``."""
+        return self.deadline is not None and now >= self.deadline
+
+    def deadline_error(self, now: float) -> DeadlineExceeded:
+        """The error that answers it once expired."""
+        budget = 1000 * ((self.deadline or now) - self.enqueued_at)
+        return DeadlineExceeded(f"deadline of {budget:.0f} ms passed after "
+                                f"{1000 * (now - self.enqueued_at):.0f} ms in the queue; not run")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +108,7 @@ class WorkQueue:
     """A bounded FIFO of work items shared by all reader threads and all sessions.
 
     Args:
-        maxsize: Most items held at once; ``put`` blocks while the queue is full.
+        maxsize: Most items held at once; ``put`` refuses more with ``Overloaded``.
     """
 
     def __init__(self, maxsize: int = 1024) -> None:
@@ -85,26 +118,33 @@ class WorkQueue:
         self._items: deque[WorkItem] = deque()
         self._lock = threading.Lock()
         self._not_empty = threading.Condition(self._lock)
-        self._not_full = threading.Condition(self._lock)
+        self._expiry = threading.Condition(self._lock)  # the earliest deadline changed, or close
+        self._deadlines: list[tuple[float, int, WorkItem]] = []  # heap; may hold taken items
+        self._seq = itertools.count()
         self._closed = False
         self._busy = 0  # sessions running a batch
         self._arrivals: deque[float] = deque(maxlen=64)
 
-    def put(self, item: WorkItem, timeout: float | None = None) -> None:
-        """Admit one item, waiting while the queue is full.
+    def put(self, item: WorkItem) -> None:
+        """Admit one item now, or refuse it now.
 
         Raises:
-            ShuttingDown: the queue was closed (before or while waiting).
-            TimeoutError: still full after ``timeout`` seconds.
+            ShuttingDown: the queue was closed.
+            Overloaded: ``maxsize`` items are already waiting.
         """
-        with self._not_full:
-            if not self._not_full.wait_for(lambda: self._closed or len(self._items) < self.maxsize,
-                                           timeout):
-                raise TimeoutError("work queue still full")
+        with self._lock:
             if self._closed:
                 raise ShuttingDown("server is shutting down; request not admitted")
+            if len(self._items) >= self.maxsize:
+                raise Overloaded(f"server overloaded: {self.maxsize} requests already waiting "
+                                 "(max_queue); retry later")
+            item.queued = True
             self._items.append(item)
             self._arrivals.append(item.enqueued_at)
+            if item.deadline is not None:
+                heapq.heappush(self._deadlines, (item.deadline, next(self._seq), item))
+                if self._deadlines[0][2] is item:
+                    self._expiry.notify()
             self._not_empty.notify()
 
     def take_batch(self, policy: BatchPolicy | int) -> list[WorkItem]:
@@ -181,24 +221,83 @@ class WorkQueue:
         return (len(self._arrivals) - 1) / span if span > 0 else float("inf")
 
     def _take(self, chosen: list[WorkItem]) -> list[WorkItem]:
-        taken = set(map(id, chosen))
-        self._items = deque(item for item in self._items if id(item) not in taken)
+        self._remove(chosen)
         self._busy += 1
-        self._not_full.notify(len(chosen))
         if self._items:
             self._not_empty.notify()  # more left: wake another idle session
         return chosen
+
+    def _remove(self, items: list[WorkItem]) -> None:
+        """Take ``items`` out of the queue (lock held); the deadline heap is compacted lazily."""
+        for item in items:
+            item.queued = False
+        if len(items) == 1 and self._items and self._items[0] is items[0]:
+            self._items.popleft()
+        else:
+            self._items = deque(item for item in self._items if item.queued)
+        if len(self._deadlines) > 2 * len(self._items) + 64:  # taken items' entries pile up
+            self._deadlines = [entry for entry in self._deadlines if entry[2].queued]
+            heapq.heapify(self._deadlines)
+        if self._closed and not self._items:
+            self._expiry.notify_all()
+
+    def wait_expired(self) -> list[WorkItem] | None:
+        """Block until queued items pass their deadline; remove and return them.
+
+        Returns:
+            The expired items (not answered yet), or None once the queue is closed and empty.
+        """
+        with self._lock:
+            while True:
+                if self._closed and not self._items:
+                    return None
+                now = time.monotonic()
+                expired = []
+                while self._deadlines and self._deadlines[0][0] <= now:
+                    item = heapq.heappop(self._deadlines)[2]
+                    if item.queued:
+                        expired.append(item)
+                if expired:
+                    self._remove(expired)
+                    return expired
+                self._expiry.wait(self._deadlines[0][0] - now if self._deadlines else None)
+
+    def purge(self, drop: Callable[[WorkItem], bool]) -> list[WorkItem]:
+        """Remove and return every queued item for which ``drop(item)`` is true."""
+        with self._lock:
+            dropped = [item for item in self._items if drop(item)]
+            if dropped:
+                self._remove(dropped)
+            return dropped
 
     def close(self) -> None:
         """Refuse new items; wake every waiter. Items already admitted stay to be drained."""
         with self._lock:
             self._closed = True
             self._not_empty.notify_all()
-            self._not_full.notify_all()
+            self._expiry.notify_all()
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)
+
+
+class DeadlineReaper(threading.Thread):
+    """Answers queued items whose deadline passed with ``DeadlineExceeded``, as it passes.
+
+    Runs until the queue is closed and empty. Items are answered outside the queue's lock.
+    """
+
+    def __init__(self, queue: WorkQueue) -> None:
+        super().__init__(name="deadline-reaper", daemon=True)
+        self.queue = queue
+
+    def run(self) -> None:
+        """Expire items until the queue is closed and drained."""
+        while (expired := self.queue.wait_expired()) is not None:
+            now = time.monotonic()
+            for item in expired:
+                item.answer(None, item.deadline_error(now))
 
 
 #: Smallest predicted saving of a batch over running its requests one by one, for auto to batch

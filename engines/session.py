@@ -12,7 +12,7 @@ import numpy as np
 
 from engines.base import Engine
 from engines.batching import MIN_GAIN, BatchPolicy, WorkItem, WorkQueue
-from protocol.errors import EngineError, InternalError, ServerError
+from protocol.errors import EngineError, InternalError
 from telemetry.stats import ServerStats
 
 log = logging.getLogger(__name__)
@@ -44,12 +44,16 @@ class InferenceSession(threading.Thread):
         policy: How batches are formed; an int means "up to that many, in arrival order".
         stats: Where batch sizes, queue waits and engine times are recorded.
         warmup: Padded lengths to warm up and time before reporting ready (see ``warm_up``).
+        on_exit: Called (from this thread) if the session stops for any reason other than the
+            queue closing: its engine failed to load, or an exception escaped the serving loop.
+            ``crash`` then holds that exception.
     """
 
     def __init__(self, index: int, engine_factory: Callable[[], Engine], task: BatchTask,
                  queue: WorkQueue, policy: BatchPolicy | int = 1,
                  stats: ServerStats | None = None,
-                 warmup: Sequence[int] = ()) -> None:
+                 warmup: Sequence[int] = (),
+                 on_exit: Callable[[InferenceSession], None] | None = None) -> None:
         super().__init__(name=f"session-{index}", daemon=True)
         self.index = index
         self.engine_factory = engine_factory
@@ -62,26 +66,51 @@ class InferenceSession(threading.Thread):
         self.engine: Engine | None = None
         self.ready = threading.Event()
         self.load_error: BaseException | None = None
+        self.crash: BaseException | None = None
+        self.on_exit = on_exit
         self.batches_run = 0
+
+    @property
+    def serving(self) -> bool:
+        """Loaded, warmed up and taking batches."""
+        return self.ready.is_set() and self.load_error is None and self.crash is None \
+            and self.is_alive()
 
     def run(self) -> None:
         """Load the engine, then serve batches until the queue is closed and drained."""
         try:
             self.engine = self.engine_factory()
             self.warm_up(self.engine)
-        except BaseException as exc:  # noqa: BLE001 - reported to the server, which exits
+        except BaseException as exc:  # noqa: BLE001 - reported to the server
             self.load_error = exc
-            return
-        finally:
             self.ready.set()
+            if self.on_exit is not None:
+                self.on_exit(self)
+            return
+        self.ready.set()
+        try:
+            self._serve()
+        except BaseException as exc:  # noqa: BLE001 - the pool replaces a session that dies
+            self.crash = exc
+        finally:
+            _close_quietly(self.engine)
+        if self.crash is not None and self.on_exit is not None:
+            self.on_exit(self)
+
+    def _serve(self) -> None:
+        batch: list[WorkItem] = []
         try:
             while batch := self.queue.take_batch(self.policy):
                 try:
                     self.run_batch(batch)
                 finally:
                     self.queue.done()
-        finally:
-            self.engine.close()
+        except BaseException as exc:
+            log.critical("%s died: %s: %s", self.name, type(exc).__name__, exc, exc_info=True)
+            error = InternalError(f"inference session died: {type(exc).__name__}")
+            for item in batch:
+                item.answer(None, error)  # only those not answered yet
+            raise
 
     def warm_up(self, engine: Engine) -> None:
         """Run and time the shapes batching will use, before the server reports ready.
@@ -116,9 +145,15 @@ class InferenceSession(threading.Thread):
     def run_batch(self, batch: list[WorkItem]) -> None:
         """Run one batch; every item gets exactly one response, errors scoped to this batch."""
         taken = time.monotonic()
-        live = [item for item in batch if item.alive()]
-        for _ in range(len(batch) - len(live)):
-            self.stats.on_finished("client_gone", None)  # dropped before the engine
+        live = []
+        for item in batch:
+            if not item.alive():
+                item.answered = True
+                self.stats.on_finished("client_gone", None)  # dropped before the engine
+            elif item.expired(taken):
+                item.answer(None, item.deadline_error(taken))
+            else:
+                live.append(item)
         if not live:
             return
         assert self.engine is not None
@@ -133,7 +168,7 @@ class InferenceSession(threading.Thread):
             log.exception("%s: engine failed on a batch of %d", self.name, len(live))
             error = EngineError(f"inference failed: {type(exc).__name__}: {exc}")
             for item in live:
-                _respond(item, None, error)
+                item.answer(None, error)
             return
         self.batches_run += 1
         rows, length = next(iter(feeds.values())).shape
@@ -148,17 +183,17 @@ class InferenceSession(threading.Thread):
             result = self.task.postprocess(item.features, start, end)
         except Exception as exc:  # noqa: BLE001 - one bad answer fails alone
             log.exception("%s: postprocessing failed", self.name)
-            _respond(item, None, InternalError(f"postprocessing failed: {type(exc).__name__}"))
+            item.answer(None, InternalError(f"postprocessing failed: {type(exc).__name__}"))
             return
-        _respond(item, result, None)
+        item.answer(result, None)
 
 
-def _respond(item: WorkItem, result: dict[str, Any] | None, error: ServerError | None) -> None:
-    """Call the item's responder; a failing responder (dead socket) never hurts the session."""
+def _close_quietly(engine: Engine | None) -> None:
     try:
-        item.respond(result, error)
-    except Exception:  # noqa: BLE001
-        log.exception("responder failed")
+        if engine is not None:
+            engine.close()
+    except Exception:  # noqa: BLE001 - closing a broken engine must not mask why it broke
+        log.exception("closing the engine failed")
 
 
 def dummy_feeds(input_names: Sequence[str], rows: int, length: int) -> dict[str, np.ndarray]:

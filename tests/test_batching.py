@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +12,10 @@ import pytest
 
 from engines import load_engine
 from engines.base import Engine
-from engines.batching import WorkItem, WorkQueue
+from engines.batching import DeadlineReaper, WorkItem, WorkQueue
 from engines.qa import QATask
 from engines.session import InferenceSession
-from protocol.errors import EngineError, ServerError, ShuttingDown
+from protocol.errors import DeadlineExceeded, EngineError, Overloaded, ServerError, ShuttingDown
 
 
 def item(tag: Any, replies: list | None = None, alive: bool = True) -> WorkItem:
@@ -69,19 +70,74 @@ def test_close_wakes_every_waiting_consumer() -> None:
     assert results == [[], [], []]
 
 
-def test_a_full_queue_blocks_producers_until_space_frees() -> None:
+def test_a_full_queue_refuses_at_once_with_overloaded_and_admits_again_once_space_frees() -> None:
     queue = WorkQueue(maxsize=2)
     queue.put(item(1))
     queue.put(item(2))
-    with pytest.raises(TimeoutError):
-        queue.put(item(3), timeout=0.05)
-    producer = threading.Thread(target=lambda: queue.put(item(3)))
-    producer.start()
-    producer.join(0.1)
-    assert producer.is_alive()
+    with pytest.raises(Overloaded, match="max_queue"):
+        queue.put(item(3))  # no waiting: refused now
+    assert len(queue) == 2
     queue.take_batch(1)
-    producer.join(5)
-    assert not producer.is_alive() and len(queue) == 2
+    queue.put(item(3))
+    assert [i.features for i in queue.take_batch(5)] == [2, 3]
+
+
+def timed_item(tag: Any, timeout_s: float | None, replies: list) -> WorkItem:
+    now = time.monotonic()
+    return WorkItem(features=tag, respond=_collect(replies, tag), enqueued_at=now,
+                    deadline=None if timeout_s is None else now + timeout_s)
+
+
+def test_the_reaper_answers_expired_items_while_no_session_takes_any() -> None:
+    queue, replies = WorkQueue(), []
+    for tag, timeout_s in (("slow", 0.05), ("none", None), ("later", 30.0), ("fast", 0.02)):
+        queue.put(timed_item(tag, timeout_s, replies))
+    reaper = DeadlineReaper(queue)
+    reaper.start()
+    deadline = time.monotonic() + 10
+    while len(replies) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert [tag for tag, _, _ in replies] == ["fast", "slow"]  # earliest deadline first
+    assert all(isinstance(error, DeadlineExceeded) for _, _, error in replies)
+    assert "not run" in replies[0][2].message
+    assert [i.features for i in queue.take_batch(5)] == ["none", "later"]  # the rest stay queued
+    queue.done()
+    queue.close()
+    reaper.join(5)
+    assert not reaper.is_alive()  # stops once the queue is closed and empty
+
+
+def test_an_item_taken_before_its_deadline_is_not_expired_later() -> None:
+    queue, replies = WorkQueue(), []
+    queue.put(timed_item("a", 0.05, replies))
+    assert queue.take_batch(1)[0].features == "a"
+    queue.put(timed_item("b", 30.0, replies))
+    reaper = DeadlineReaper(queue)
+    reaper.start()
+    time.sleep(0.15)
+    assert replies == []
+    queue.close()
+    assert queue.take_batch(1)[0].features == "b"
+    reaper.join(5)
+    assert not reaper.is_alive()
+
+
+def test_purge_removes_only_the_matching_items() -> None:
+    queue = WorkQueue()
+    for n in range(6):
+        queue.put(item(n, alive=n % 2 == 0))
+    dropped = queue.purge(lambda i: not i.alive())
+    assert [i.features for i in dropped] == [1, 3, 5]
+    assert [i.features for i in queue.take_batch(10)] == [0, 2, 4]
+
+
+def test_many_deadlines_of_taken_items_do_not_pile_up() -> None:
+    queue = WorkQueue(maxsize=10)
+    for n in range(1000):
+        queue.put(timed_item(n, 60.0, []))
+        queue.take_batch(1)
+        queue.done()
+    assert len(queue._deadlines) <= 2 * len(queue) + 65  # compacted as items are taken
 
 
 class ExplodingEngine(Engine):

@@ -1,0 +1,145 @@
+"""The inference sessions as one pool: start them, watch them, replace one that dies.
+
+A session dies when an exception escapes its serving loop (a ``BaseException`` from an engine, a
+bug of ours) or when a replacement cannot load its engine. The pool logs it, counts it, and starts
+a replacement with a fresh engine: at once after a crash, then with a growing back-off while
+replacements keep failing to load, so a broken GPU does not spin the CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from engines.base import Engine
+from engines.session import InferenceSession
+
+log = logging.getLogger(__name__)
+
+#: Seconds before the n-th consecutive replacement of one session (the last value repeats).
+BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class SessionPool:
+    """``count`` inference-session threads on one queue, kept at full strength.
+
+    Args:
+        count: Number of sessions.
+        make: Builds (does not start) session ``index``; ``initial`` is False for replacements,
+            which are built the same way but may skip work only the first sessions need.
+        on_restart: Called once per replacement started (for statistics).
+    """
+
+    def __init__(self, count: int, make: Callable[[int, bool], InferenceSession],
+                 on_restart: Callable[[], None] = lambda: None) -> None:
+        if count < 1:
+            raise ValueError("a pool needs at least one session")
+        self.count = count
+        self._make = make
+        self._on_restart = on_restart
+        self._lock = threading.Lock()
+        self.sessions: list[InferenceSession] = []
+        self.restarts = 0
+        self._failures = [0] * count  # consecutive failed replacements, per index
+        self._timers: dict[int, threading.Timer] = {}
+        self._started = False
+        self._stopping = False
+
+    def start(self) -> None:
+        """Start every session and wait until each has loaded and warmed up.
+
+        Raises:
+            RuntimeError: a session could not load its engine (the server cannot start).
+        """
+        self.sessions = [self._build(i, initial=True) for i in range(self.count)]
+        for session in self.sessions:
+            session.start()
+        for session in self.sessions:
+            session.ready.wait()
+        failed = [s for s in self.sessions if s.load_error is not None]
+        if failed:
+            error = failed[0].load_error
+            raise RuntimeError(f"{failed[0].name} could not load its engine: {error}") from error
+        self._started = True
+
+    @property
+    def serving(self) -> bool:
+        """True while every session is loaded, warmed up and taking batches."""
+        with self._lock:
+            return bool(self.sessions) and all(s.serving for s in self.sessions)
+
+    @property
+    def engine(self) -> Engine | None:
+        """The first serving session's engine (for describing what is served)."""
+        with self._lock:
+            return next((s.engine for s in self.sessions if s.engine is not None), None)
+
+    def _build(self, index: int, initial: bool) -> InferenceSession:
+        session = self._make(index, initial)
+        session.on_exit = self._on_exit
+        return session
+
+    def _on_exit(self, session: InferenceSession) -> None:
+        """A session stopped abnormally (called from its thread): schedule its replacement."""
+        with self._lock:
+            if not self._started or self._stopping:
+                return
+            index = session.index
+            if session.crash is not None:
+                self._failures[index] = 0  # it had loaded and served: start afresh, at once
+            delay = BACKOFF_S[min(self._failures[index], len(BACKOFF_S) - 1)]
+            self._failures[index] += 1
+            self.restarts += 1
+            what = "died" if session.crash is not None else "could not load its engine"
+            reason = session.crash or session.load_error
+            log.error("%s %s (%s: %s); starting a replacement in %g s (restart #%d)", session.name,
+                      what, type(reason).__name__, reason, delay, self.restarts)
+            timer = threading.Timer(delay, self._replace, args=(index,))
+            timer.name, timer.daemon = f"replace-session-{index}", True
+            self._timers[index] = timer
+            timer.start()
+        self._on_restart()
+
+    def _replace(self, index: int) -> None:
+        with self._lock:
+            self._timers.pop(index, None)
+            if self._stopping:
+                return
+            session = self._build(index, initial=False)
+            self.sessions[index] = session
+            session.start()
+        threading.Thread(target=self._report_ready, args=(session,), daemon=True,
+                         name=f"watch-{session.name}").start()
+
+    def _report_ready(self, session: InferenceSession) -> None:
+        session.ready.wait()
+        if session.load_error is None:
+            with self._lock:
+                self._failures[session.index] = 0
+            log.info("%s replaced: engine loaded, serving again", session.name)
+
+    def join(self, timeout: float) -> bool:
+        """Wait for every session to drain the closed queue and stop; then replace no more.
+
+        A session that dies while draining is still replaced, so admitted work gets done.
+
+        Returns:
+            True if every session stopped within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                current = list(self.sessions)
+            for session in current:
+                session.join(max(0.0, deadline - time.monotonic()))
+            with self._lock:
+                settled = current == self.sessions and not self._timers
+                done = settled and not any(s.is_alive() for s in current)
+                if done or time.monotonic() >= deadline:
+                    self._stopping = True
+                    for timer in self._timers.values():
+                        timer.cancel()
+                    return done
+            time.sleep(0.01)  # a replacement is pending: wait for it to start
