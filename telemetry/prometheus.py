@@ -62,6 +62,11 @@ class ServerCollector(Collector):
         yield _gauge("connections_open", "Client connections open now", snap["connections_open"])
         yield CounterMetricFamily(f"{PREFIX}_connections", "Client connections accepted",
                                   value=snap["connections_total"])
+        events = CounterMetricFamily(f"{PREFIX}_events", "Connections refused or closed by a "
+                                     "limit, and sessions replaced", labels=["event"])
+        for event, n in snap["events"].items():
+            events.add_metric([event], n)
+        yield events
         yield CounterMetricFamily(f"{PREFIX}_batches", "Batches run by all sessions",
                                   value=snap["batches"])
         yield CounterMetricFamily(f"{PREFIX}_batch_rows", "Windows (engine rows) run in batches",

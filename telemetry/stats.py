@@ -17,6 +17,10 @@ TIME_BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
                                    0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: Recent samples kept per timing for percentiles.
 RESERVOIR = 8192
+#: Events counted by ``count_event``: connections refused at the cap, closed for idling, for a
+#: frame arriving too slowly, or for not reading replies; sessions replaced after dying.
+EVENTS = ("connection_refused", "idle_timeout", "frame_timeout", "send_timeout",
+          "session_restart")
 
 
 class Timing:
@@ -77,11 +81,17 @@ class ServerStats:
         self.request_time = Timing()  # admitted -> reply written
         self.connections_open = 0
         self.connections_total = 0
+        self.events: Counter[str] = Counter()  # see EVENTS
 
     def count(self, op: str, outcome: str) -> None:
         """A request answered without entering the queue (ping, stats, or refused at the door)."""
         with self._lock:
             self.requests[(op, outcome)] += 1
+
+    def count_event(self, event: str) -> None:
+        """Something an operator should see counted (one of ``EVENTS``)."""
+        with self._lock:
+            self.events[event] += 1
 
     def on_admitted(self) -> None:
         """A qa request entered the queue."""
@@ -138,4 +148,5 @@ class ServerStats:
                 "request_time": self.request_time.summary(),
                 "connections_open": self.connections_open,
                 "connections_total": self.connections_total,
+                "events": {event: self.events[event] for event in EVENTS},
             }

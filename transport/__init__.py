@@ -1,5 +1,5 @@
 """Socket transport for the framed protocol."""
 
-from transport.connection import Connection, Listener
+from transport.connection import Connection, Listener, refuse
 
-__all__ = ["Connection", "Listener"]
+__all__ = ["Connection", "Listener", "refuse"]

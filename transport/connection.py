@@ -8,17 +8,19 @@ with an admitted request is the server's business: a connection calls ``server.a
 from __future__ import annotations
 
 import logging
+import select
 import selectors
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
 from engines.batching import Responder
 from protocol import FrameDecoder, encode_frame, error_reply, ok_reply, parse_request
-from protocol.errors import InternalError, ProtocolError, ServerError
+from protocol.errors import FrameTimeout, IdleTimeout, InternalError, ProtocolError, ServerError
 from protocol.messages import REQUEST_PARSERS, QARequest, Request
 from telemetry.stats import ServerStats
 
@@ -30,6 +32,8 @@ class ServerHooks(Protocol):
 
     max_frame_size: int
     send_timeout_s: float
+    idle_timeout_s: float
+    frame_timeout_s: float
     stats: ServerStats
 
     def admit(self, request: QARequest, respond: Responder, alive: Callable[[], bool]) -> None:
@@ -42,11 +46,24 @@ class ServerHooks(Protocol):
         """The connection has closed."""
 
 
-class Connection:
-    """One client socket: a reader thread that admits requests, and a locked writer for replies.
+#: Unsent reply bytes above which the reader stops reading requests until the client catches up.
+OUTBOX_HIGH_WATER = 1 << 20
+#: Most seconds a connection ended by a fatal error keeps discarding input before it closes.
+LINGER_S = 2.0
 
-    Replies come from session threads (any order); a lock keeps whole frames from interleaving.
-    After the peer half-closes, replies still in flight are delivered before the socket closes.
+
+class Connection:
+    """One client socket: a reader thread that admits requests, and a never-blocking writer.
+
+    Replies come from session threads in any order. ``send`` writes a frame at once if the socket
+    takes it whole (the usual case) and otherwise appends it to an outbox that a writer thread,
+    started on first need, flushes; so a client that does not read never blocks a session. The
+    reader stops reading while the outbox is over ``OUTBOX_HIGH_WATER``, and a writer that cannot
+    send for ``send_timeout_s`` closes the connection, so memory per connection stays bounded.
+
+    The reader closes a connection that sent nothing and awaits nothing for ``idle_timeout_s``,
+    and one whose frame takes longer than ``frame_timeout_s`` to arrive once begun. After the peer
+    half-closes, replies still in flight are delivered before the socket closes.
     """
 
     def __init__(self, sock: socket.socket, peer: tuple[Any, ...], server: ServerHooks) -> None:
@@ -54,10 +71,16 @@ class Connection:
         self.peer = f"{peer[0]}:{peer[1]}"
         self.server = server
         self.decoder = FrameDecoder(server.max_frame_size)
-        self._write_lock = threading.Lock()
-        self._pending = 0
-        self._pending_done = threading.Condition()
+        self._cond = threading.Condition()  # guards everything below
+        self._pending = 0  # admitted requests not yet answered
+        self._outbox = bytearray()
+        self._writing = False
+        self._writer: threading.Thread | None = None
         self._open = True
+        self._last_activity = time.monotonic()
+        self._frame_started = 0.0
+        self._poll = select.poll()
+        self._poll.register(sock, select.POLLIN)
         _set_send_timeout(sock, server.send_timeout_s)
         # Each reply is one small write; without this, Nagle's algorithm can hold a pipelined
         # reply until the client acknowledges the previous one (up to a delayed-ACK timeout).
@@ -65,37 +88,104 @@ class Connection:
         self.thread = threading.Thread(target=self.serve, name=f"conn-{self.peer}", daemon=True)
 
     def is_open(self) -> bool:
-        """False once the socket is closed (queued work for it is then skipped)."""
+        """False once the connection is closed (queued work for it is then skipped)."""
         return self._open
+
+    @property
+    def pending(self) -> int:
+        """Admitted requests not yet answered."""
+        return self._pending
 
     def serve(self) -> None:
         """Reader thread body: read, decode and admit until EOF, error or shutdown."""
         try:
-            self._read_loop()
+            fatal = self._read_loop()
             self._wait_for_pending()
+            if fatal:
+                self._linger()
         except Exception:  # noqa: BLE001 - a broken connection never takes the server down
             log.exception("connection %s failed", self.peer)
         finally:
             self.close()
+            if self._writer is not None:
+                self._writer.join()
+            self.sock.close()  # only now: no thread of ours still uses the descriptor
             self.server.forget(self)
 
-    def _read_loop(self) -> None:
+    def _read_loop(self) -> bool:
+        """Read until EOF, reset or a fatal error; True if a fatal error reply was sent."""
         while self._open:
+            if (timeout := self._await_data()) is not None:
+                log.info("connection %s: %s; closing", self.peer, timeout.message)
+                self.server.stats.count_event(timeout.code)
+                self.send(error_reply(None, timeout))
+                return True
             try:
                 data = self.sock.recv(65536)
-            except OSError:
-                return
+            except OSError:  # reset: the client is gone, not half-closed; drop its queued work
+                self.close()
+                return False
+            self._last_activity = time.monotonic()
+            if not self.decoder.buffered:
+                self._frame_started = self._last_activity
             self.decoder.receive_data(data)
             try:
                 while (message := self.decoder.next_message()) is not None:
+                    self._frame_started = time.monotonic()  # the next frame starts now
                     self.handle(message)
             except ProtocolError as exc:
                 log.info("connection %s: %s; closing", self.peer, exc)
                 self.server.stats.count("frame", exc.code)
                 self.send(error_reply(None, exc))
-                return
+                return True
             if not data:
+                return False
+        return False
+
+    def _linger(self) -> None:
+        """After a fatal error reply: stop sending, and read and discard what the client still
+        sends for up to LINGER_S, so that closing does not reset the connection (which can
+        destroy the error reply before the client has read it)."""
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            return
+        until = time.monotonic() + LINGER_S
+        while self._open and (left := until - time.monotonic()) > 0:
+            if not self._poll.poll(int(left * 1000) + 1):
                 return
+            try:
+                if not self.sock.recv(65536):
+                    return  # the client closed too: a clean close
+            except OSError:
+                return
+
+    def _await_data(self) -> ServerError | None:
+        """Block until bytes (or EOF) can be read; the timeout error if one ran out first."""
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: len(self._outbox) < OUTBOX_HIGH_WATER
+                                    or not self._open)  # the client must read to be read
+            now = time.monotonic()
+            until, error = self._read_deadline(now)
+            wait_ms = None if until is None else max(0, int((until - now) * 1000) + 1)
+            if self._poll.poll(wait_ms) or not self._open:
+                return None
+            if error is not None and time.monotonic() >= until:  # type: ignore[operator]
+                return error
+
+    def _read_deadline(self, now: float) -> tuple[float | None, ServerError | None]:
+        """When to give up waiting for bytes, and the error to send then (None: look again)."""
+        frame_s, idle_s = self.server.frame_timeout_s, self.server.idle_timeout_s
+        if self.decoder.buffered and frame_s > 0:
+            return self._frame_started + frame_s, FrameTimeout(
+                f"frame not completed within {frame_s:g} s (frame_timeout)")
+        if idle_s <= 0:
+            return None, None
+        if self._pending or self._outbox or self._writing:
+            return now + idle_s, None  # not idle: the client awaits replies; look again later
+        return self._last_activity + idle_s, IdleTimeout(
+            f"no request for {idle_s:g} s (idle_timeout)")
 
     def handle(self, message: Any) -> None:
         """Validate one decoded request and answer it or admit it to the work queue."""
@@ -107,67 +197,119 @@ class Connection:
             if isinstance(request, QARequest):
                 self._admit(request)
                 return
-            self.send(ok_reply(request_id, self.server.control(request)))
-            self.server.stats.count(op, "ok")
+            reply = ok_reply(request_id, self.server.control(request))
+            self.server.stats.count(op, "ok")  # counted before sending, like every outcome
+            self.send(reply)
         except ServerError as exc:
             rid = exc.request_id if exc.request_id is not None else request_id
-            self.send(error_reply(rid, exc))
             self.server.stats.count(op, exc.code)
+            self.send(error_reply(rid, exc))
         except Exception as exc:  # noqa: BLE001 - one bad request fails alone
             log.exception("connection %s: unexpected error handling a request", self.peer)
-            self.send(error_reply(request_id, InternalError(f"{type(exc).__name__}: {exc}")))
             self.server.stats.count(op, InternalError.code)
+            self.send(error_reply(request_id, InternalError(f"{type(exc).__name__}: {exc}")))
 
     def _admit(self, request: QARequest) -> None:
-        with self._pending_done:
+        with self._cond:
             self._pending += 1  # before admitting: the reply may come before admit returns
         try:
             self.server.admit(request, partial(self.reply, request.id), self.is_open)
         except BaseException:
-            with self._pending_done:
+            with self._cond:
                 self._pending -= 1
             raise
 
     def reply(self, request_id: int, result: dict[str, Any] | None,
               error: ServerError | None) -> None:
-        """Responder for one admitted request (called from a session thread)."""
+        """Responder for one admitted request (called from a session thread; never blocks)."""
         message = ok_reply(request_id, result or {}) if error is None else error_reply(request_id, error)
         self.send(message)
-        with self._pending_done:
+        with self._cond:
             self._pending -= 1
-            self._pending_done.notify_all()
+            self._last_activity = time.monotonic()
+            self._cond.notify_all()
 
     def send(self, message: dict[str, Any]) -> bool:
-        """Write one frame; on any socket error (or send timeout) close the connection."""
+        """Queue one frame for the client without blocking; False if the connection is closed."""
         frame = encode_frame(message)
-        with self._write_lock:
+        with self._cond:
             if not self._open:
                 return False
+            if not self._outbox and not self._writing:
+                try:  # the usual case: the socket buffer takes the whole frame now
+                    frame = frame[self.sock.send(frame, socket.MSG_DONTWAIT):]
+                except BlockingIOError:
+                    pass
+                except OSError as exc:
+                    log.info("connection %s: send failed (%s); closing", self.peer, exc)
+                    self._close_locked()
+                    return False
+                if not frame:
+                    return True
+            self._outbox += frame
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_loop, daemon=True,
+                                                name=f"writer-{self.peer}")
+                self._writer.start()
+            self._cond.notify_all()
+            return True
+
+    def _write_loop(self) -> None:
+        """Writer thread body: flush the outbox, blocking (up to the send timeout) per write."""
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._outbox) or not self._open)
+                if not self._open:
+                    return
+                data, self._outbox = bytes(self._outbox), bytearray()
+                self._writing = True
             try:
-                self.sock.sendall(frame)
-                return True
+                self.sock.sendall(data)
+                failure = None
             except OSError as exc:
-                log.info("connection %s: send failed (%s); closing", self.peer, exc)
-        self.close()
-        return False
+                failure = exc
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+                if failure is not None:
+                    log.info("connection %s: client not reading (%s); closing", self.peer, failure)
+                    self.server.stats.count_event("send_timeout")
+                    self._close_locked()
+                    return
 
     def _wait_for_pending(self) -> None:
-        with self._pending_done:
-            self._pending_done.wait_for(lambda: self._pending <= 0 or not self._open)
+        with self._cond:
+            self._cond.wait_for(lambda: not self._open or (
+                self._pending <= 0 and not self._outbox and not self._writing))
 
     def close(self) -> None:
-        """Close the socket once; wakes the reader and any waiter. Safe from any thread."""
-        with self._write_lock:
-            if not self._open:
-                return
-            self._open = False
-            try:
-                self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self.sock.close()
-        with self._pending_done:
-            self._pending_done.notify_all()
+        """End the connection once; wakes the reader, the writer and any waiter. Any thread."""
+        with self._cond:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        self._outbox.clear()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # the reader thread closes the descriptor
+        except OSError:
+            pass
+        self._cond.notify_all()
+
+
+def refuse(sock: socket.socket, error: ServerError) -> None:
+    """Answer a connection we will not serve with one error reply, then close it; never blocks."""
+    try:
+        sock.send(encode_frame(error_reply(None, error)), socket.MSG_DONTWAIT)
+        sock.shutdown(socket.SHUT_WR)
+        sock.setblocking(False)
+        sock.recv(65536)  # drop what the client already sent, so closing does not reset
+    except OSError:
+        pass
+    finally:
+        sock.close()
 
 
 def _op_name(message: Any) -> str:
