@@ -69,27 +69,52 @@ class Client:
         self._reader.start()
 
     # -- requests ------------------------------------------------------------------------------
-    def submit(self, question: str, context: str) -> Future[dict[str, Any]]:
-        """Send a ``qa`` request now; the Future resolves to ``{answer, score, start, end}``."""
-        return self.request(lambda rid: qa_request(rid, question, context))
+    def submit(self, question: str, context: str, *,
+               timeout_ms: float | None = None) -> Future[dict[str, Any]]:
+        """Send a ``qa`` request now; the Future resolves to ``{answer, score, start, end}``.
+
+        Args:
+            timeout_ms: The request's deadline on the server, from admission: a request still
+                queued then fails with ``DeadlineExceeded`` and is never run. None: the server's
+                default (``--request_timeout_ms``).
+        """
+        return self.request(lambda rid: qa_request(rid, question, context, timeout_ms))
 
     def answer(self, question: str, context: str, timeout: float | None = None) -> dict[str, Any]:
         """Ask one question and wait for the answer.
 
+        With ``timeout``, the server gets the same deadline, so it does not run a request nobody
+        waits for any more.
+
         Raises:
-            ServerError: a subclass matching the server's error code (e.g. BadRequest).
+            ServerError: a subclass matching the server's error code (e.g. BadRequest,
+                Overloaded, DeadlineExceeded).
             ConnectionLost: the connection closed first.
             TimeoutError: no reply within ``timeout`` seconds.
         """
-        return self.submit(question, context).result(timeout)
+        timeout_ms = None if timeout is None else 1000 * timeout
+        return self.wait(self.submit(question, context, timeout_ms=timeout_ms), timeout)
 
     def ping(self, timeout: float | None = None) -> dict[str, Any]:
         """Round trip to the server; returns its ping result (``pong``, ``ready``)."""
-        return self.request(ping_request).result(timeout)
+        return self.wait(self.request(ping_request), timeout)
 
     def stats(self, timeout: float | None = None) -> dict[str, Any]:
         """The server's counters, timings and configuration (see docs/metrics.md)."""
-        return self.request(stats_request).result(timeout)
+        return self.wait(self.request(stats_request), timeout)
+
+    def wait(self, future: Future[dict[str, Any]], timeout: float | None) -> dict[str, Any]:
+        """``future.result(timeout)``; on timeout, stop tracking the request (no leak) and raise
+        TimeoutError."""
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            with self._lock:
+                late = [rid for rid, f in self._pending.items() if f is future]
+                for rid in late:
+                    del self._pending[rid]  # a late reply is then ignored
+            future.cancel()
+            raise
 
     def request(self, build: Any) -> Future[dict[str, Any]]:
         """Send ``build(request_id)`` (a request map) and return the Future of its result."""
@@ -201,6 +226,17 @@ def repl(client: Client) -> None:
             return
 
 
+def probe(client: Client, timeout: float) -> int:
+    """Print the ping result; 0 if the server says it is ready, else 1."""
+    try:
+        result = client.ping(timeout=timeout)
+    except (ServerError, ConnectionLost, TimeoutError) as exc:
+        print(f"not ready: {exc!r}", file=sys.stderr)
+        return 1
+    print(result)
+    return 0 if result.get("ready") else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
     p = argparse.ArgumentParser(description="Ask the QA inference server questions.")
@@ -209,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--question", help="answer this once and exit (needs --context)")
     p.add_argument("--context", help="the text the question is about")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for an answer")
+    p.add_argument("--ready", action="store_true",
+                   help="health probe: exit 0 if the server is ready, 1 if not, 2 if unreachable")
     args = p.parse_args(argv)
     if (args.question is None) != (args.context is None):
         p.error("--question and --context go together")
@@ -218,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot connect to {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
     with client:
+        if args.ready:
+            return probe(client, args.timeout)
         if args.question is None:
             repl(client)
             return 0

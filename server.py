@@ -20,58 +20,96 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from typing import Any
 
 from engines import ENGINE_TYPES, load_engine
 from engines.base import Engine
-from engines.batching import BATCHING_MODES, BatchPolicy, Responder, WorkItem, WorkQueue
+from engines.batching import (
+    BATCHING_MODES,
+    BatchPolicy,
+    DeadlineReaper,
+    Responder,
+    WorkItem,
+    WorkQueue,
+)
 from engines.cost_model import CostModel
 from engines.model_dir import ModelDirError, ModelInfo, load_model_info
 from engines.qa import QAConfig, QATask
+from engines.pool import SessionPool
 from engines.session import InferenceSession
 from protocol import DEFAULT_MAX_FRAME_SIZE
-from protocol.errors import BadRequest, ServerError, ShuttingDown
-from protocol.messages import PingRequest, QARequest, Request, StatsRequest
+from protocol.errors import BadRequest, ServerError, ShuttingDown, TooManyConnections
+from protocol.messages import FieldLimits, PingRequest, QARequest, Request, StatsRequest
 from telemetry.stats import ServerStats
-from transport import Connection, Listener
+from transport import Connection, Listener, refuse
 
 log = logging.getLogger("server")
 
 
+def option(default: Any, help: str, *, flag: str | None = None,
+           choices: tuple[str, ...] | None = None) -> Any:
+    """A ServerConfig field and its command-line flag (``--NAME`` unless ``flag`` says else)."""
+    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
+
+
 @dataclass(kw_only=True)
 class ServerConfig:
-    """Every serving setting; the CLI flags of the same names fill it."""
+    """Every serving setting; each field is also the CLI flag of the same name (docs/operations.md)."""
 
-    host: str = "127.0.0.1"
-    port: int = 9999
-    num_inference_sessions: int = 2
-    inference_engine_type: str = "onnx"
-    model_dir: str = "saved_models"
-    device: str = "auto"
-    threads_per_session: int = 0  # 0: the machine's cores shared among sessions
-    batching: str = "auto"  # auto (cost-aware), fixed, off
-    max_batch_size: int = 32
-    max_batch_tokens: int = 16384  # rows x padded length per batch
-    max_queue_delay_ms: float = 2.0
-    batch_lookahead: int = 128
-    max_queue: int = 1024
-    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-    send_timeout_s: float = 30.0
-    no_answer: str = "auto"  # auto (from the model's metadata), on, off
-    max_seq_len: int = 384
-    doc_stride: int = 128
-    max_answer_len: int = 15
-    shutdown_timeout_s: float = 30.0
-    metrics_port: int | None = None  # Prometheus /metrics; None: off
-    metrics_host: str = "127.0.0.1"
+    host: str = option("127.0.0.1", "address to bind (0.0.0.0: all interfaces)")
+    port: int = option(9999, "TCP port (0: any free port)")
+    num_inference_sessions: int = option(2, "inference-session threads, each with its own engine")
+    inference_engine_type: str = option("onnx", "engine backend", choices=ENGINE_TYPES)
+    model_dir: str = option("saved_models", "folder written by prepare_model.py")
+    device: str = option("auto", "auto, cpu, cuda or cuda:N (auto: GPU if any)")
+    threads_per_session: int = option(0, "CPU threads per engine (0: cores divided among sessions)")
+    batching: str = option("auto", "auto: batch only as far as the measured cost says it pays; "
+                           "fixed: fill up to the caps; off: one request per batch",
+                           choices=BATCHING_MODES)
+    max_batch_size: int = option(32, "most requests a session runs as one batch")
+    max_batch_tokens: int = option(16384, "most rows x padded length in one batch (a larger "
+                                   "request runs alone)")
+    max_queue_delay_ms: float = option(2.0, "most a request waits for a bigger batch (only spent "
+                                       "when it can help)")
+    batch_lookahead: int = option(128, "waiting requests considered when forming a batch")
+    max_queue: int = option(1024, "requests waiting at most; more get 'overloaded' at once")
+    request_timeout_ms: float = option(30000.0, "default deadline of a request, from admission; "
+                                       "past it a queued request gets 'deadline_exceeded' and is "
+                                       "never run (0: none; a request's timeout_ms overrides)")
+    max_connections: int = option(1024, "concurrent connections; more get "
+                                  "'too_many_connections' and are closed")
+    idle_timeout_s: float = option(300.0, "close a connection that sent nothing and awaits no "
+                                   "reply for this many seconds (0: never)", flag="--idle_timeout")
+    frame_timeout_s: float = option(30.0, "seconds a frame may take to arrive once begun "
+                                    "(slowloris guard; 0: no limit)", flag="--frame_timeout")
+    max_frame_size: int = option(DEFAULT_MAX_FRAME_SIZE, "frame cap, bytes")
+    max_question_chars: int = option(1000, "longest question, characters (0: no cap)")
+    max_context_chars: int = option(100_000, "longest context, characters (0: no cap)")
+    send_timeout_s: float = option(30.0, "seconds replies may stay unsent to a client that does "
+                                   "not read before it is disconnected", flag="--send_timeout")
+    no_answer: str = option("auto", "SQuAD2 'no answer' (auto: on for SQuAD2 models)",
+                            choices=("auto", "on", "off"))
+    max_seq_len: int = option(384, "tokens per window (capped by the model)")
+    doc_stride: int = option(128, "tokens shared by neighbouring windows of a long context")
+    max_answer_len: int = option(15, "longest answer, tokens")
+    shutdown_timeout_s: float = option(30.0, "seconds to finish admitted work on stop",
+                                       flag="--shutdown_timeout")
+    metrics_port: int | None = option(None, "serve Prometheus metrics at "
+                                      "http://HOST:PORT/metrics (default: off)")
+    metrics_host: str = option("127.0.0.1", "address for --metrics_port")
 
     def engine_threads(self) -> int:
         """Threads per engine: as configured, else the machine's cores shared among sessions."""
         if self.threads_per_session > 0:
             return self.threads_per_session
         return max(1, (os.cpu_count() or 1) // max(1, self.num_inference_sessions))
+
+    def limits(self) -> FieldLimits:
+        """The caps on request fields."""
+        return FieldLimits(max_question_chars=self.max_question_chars,
+                           max_context_chars=self.max_context_chars)
 
 
 class InferenceServer:
@@ -90,17 +128,21 @@ class InferenceServer:
         self.engine_factory = engine_factory
         self.max_frame_size = config.max_frame_size
         self.send_timeout_s = config.send_timeout_s
+        self.idle_timeout_s = config.idle_timeout_s
+        self.frame_timeout_s = config.frame_timeout_s
+        self.limits = config.limits()
         self.info: ModelInfo | None = None
         self.task: QATask | None = None
         self.queue = WorkQueue(config.max_queue)
         self.stats = ServerStats()
         self.metrics_address: tuple[str, int] | None = None
         self._metrics_httpd: Any = None
-        self.sessions: list[InferenceSession] = []
+        self.pool: SessionPool | None = None
         self.policy = BatchPolicy(mode=config.batching)
         self.connections: set[Connection] = set()
         self._lock = threading.Lock()
         self._listener: Listener | None = None
+        self._reaper = DeadlineReaper(self.queue)
         self._draining = False
 
     # -- start -------------------------------------------------------------------------------
@@ -118,6 +160,7 @@ class InferenceServer:
         self.task = QATask.from_dir(cfg.model_dir, self._qa_config(self.info),
                                     input_names=self.info.input_names)
         self._start_sessions()
+        self._reaper.start()
         sock = socket.create_server((cfg.host, cfg.port), backlog=512)
         self._listener = Listener(sock, self._accept)
         self._listener.start()
@@ -144,37 +187,42 @@ class InferenceServer:
             load_engine, cfg.inference_engine_type, cfg.model_dir, device=cfg.device,
             threads=cfg.engine_threads())
         assert self.task is not None
+        task = self.task
         self.policy = BatchPolicy(mode=cfg.batching, max_items=cfg.max_batch_size,
                                   max_tokens=cfg.max_batch_tokens,
                                   max_delay_s=cfg.max_queue_delay_ms / 1000,
                                   lookahead=cfg.batch_lookahead, cost=CostModel())
-        longest = self.task.config.max_seq_len
+        longest = task.config.max_seq_len
         warmup = sorted({n for n in (64, 128, 256) if n < longest} | {longest})
-        # One session times the warm-up shapes for the shared cost model (sessions warming at
-        # once would time each other's contention); every session primes its engine.
-        self.sessions = [InferenceSession(i, factory, self.task, self.queue, self.policy,
-                                          self.stats,
-                                          warmup=warmup if cfg.batching == "auto" and i == 0 else ())
-                         for i in range(cfg.num_inference_sessions)]
-        for session in self.sessions:
-            session.start()
-        for session in self.sessions:
-            session.ready.wait()
-        failed = [s for s in self.sessions if s.load_error is not None]
-        if failed:
+
+        def make(index: int, initial: bool) -> InferenceSession:
+            # One session times the warm-up shapes for the shared cost model (sessions warming
+            # at once would time each other's contention); every session primes its engine.
+            timed = cfg.batching == "auto" and index == 0 and initial
+            return InferenceSession(index, factory, task, self.queue, self.policy, self.stats,
+                                    warmup=warmup if timed else ())
+
+        self.pool = SessionPool(cfg.num_inference_sessions, make,
+                                on_restart=lambda: self.stats.count_event("session_restart"))
+        try:
+            self.pool.start()
+        except RuntimeError:
             self.queue.close()
-            error = failed[0].load_error
-            raise RuntimeError(f"{failed[0].name} could not load its engine: {error}") from error
+            raise
 
     def _log_serving(self) -> None:
         cfg, info = self.config, self.info
-        assert info is not None and self.sessions[0].engine is not None
+        assert info is not None and self.pool is not None and self.pool.engine is not None
         host, port = self.address
         log.info("model: %s (%s) from %s", info.model_name, info.source, os.path.abspath(cfg.model_dir))
         log.info("engine: %s; %d inference sessions; batching %s (max %d requests, %d tokens, "
-                 "delay %g ms); queue bound %d", self.sessions[0].engine.describe(),
-                 len(self.sessions), cfg.batching, self.policy.cap, cfg.max_batch_tokens,
-                 cfg.max_queue_delay_ms, cfg.max_queue)
+                 "delay %g ms)", self.pool.engine.describe(), cfg.num_inference_sessions,
+                 cfg.batching, self.policy.cap, cfg.max_batch_tokens, cfg.max_queue_delay_ms)
+        log.info("limits: queue %d, request timeout %g ms, %d connections, idle %g s, frame %g s, "
+                 "frame size %d B, question %d chars, context %d chars (docs/operations.md)",
+                 cfg.max_queue, cfg.request_timeout_ms, cfg.max_connections, cfg.idle_timeout_s,
+                 cfg.frame_timeout_s, cfg.max_frame_size, cfg.max_question_chars,
+                 cfg.max_context_chars)
         if cfg.batching == "auto":
             log.info("batch cost model after warm-up (ms per batch, ROWSxLENGTH): %s",
                      self.policy.cost.table() if self.policy.cost else {})
@@ -190,30 +238,48 @@ class InferenceServer:
 
     # -- what connections call -----------------------------------------------------------------
     def _accept(self, sock: socket.socket, peer: Any) -> None:
-        conn = Connection(sock, peer, self)
         with self._lock:
-            self.connections.add(conn)
+            full = len(self.connections) >= self.config.max_connections
+            conn = None if full else Connection(sock, peer, self)
+            if conn is not None:
+                self.connections.add(conn)
+        if conn is None:
+            self.stats.count_event("connection_refused")
+            refuse(sock, TooManyConnections(
+                f"server has {self.config.max_connections} connections open (max_connections); "
+                "retry later"))
+            return
         self.stats.on_connection(True)
         conn.thread.start()
 
     def admit(self, request: QARequest, respond: Responder, alive: Any) -> None:
-        """Tokenize one request and queue it. Raises BadRequest or ShuttingDown for it alone."""
+        """Check, tokenize and queue one request.
+
+        Raises:
+            BadRequest: a field over its cap, or text the model cannot take.
+            ShuttingDown: the server is draining.
+            Overloaded: the queue is full.
+        """
         if self._draining:
             raise ShuttingDown("server is shutting down; request not admitted")
         assert self.task is not None
+        self.limits.check(request)
         features = self.task.preprocess(request.question, request.context)
         admitted = time.monotonic()
+        timeout_ms = request.timeout_ms or self.config.request_timeout_ms
         stats = self.stats
 
         def respond_and_count(result: dict[str, Any] | None, error: ServerError | None) -> None:
-            respond(result, error)
+            # counted first, so stats never lag what a client has already seen
             stats.on_finished("ok" if error is None else error.code, time.monotonic() - admitted)
+            respond(result, error)
 
         stats.on_admitted()
         try:
             self.queue.put(WorkItem(features=features, respond=respond_and_count, alive=alive,
                                     rows=features.rows, length=features.max_len,
-                                    enqueued_at=admitted))
+                                    enqueued_at=admitted,
+                                    deadline=admitted + timeout_ms / 1000 if timeout_ms else None))
         except BaseException:
             stats.on_refused()  # the caller replies and counts the error
             raise
@@ -228,9 +294,9 @@ class InferenceServer:
 
     @property
     def ready(self) -> bool:
-        """True while every session has its engine loaded and the server is not draining."""
-        loaded = bool(self.sessions) and all(s.engine is not None for s in self.sessions)
-        return loaded and not self._draining
+        """True while every session is loaded, warmed up and serving, and the server is not
+        draining."""
+        return self.pool is not None and self.pool.serving and not self._draining
 
     def stats_result(self) -> dict[str, Any]:
         """Counters and timings, plus what is being served and how: the ``stats`` op's result."""
@@ -244,44 +310,52 @@ class InferenceServer:
         result["batching"] = {"mode": self.config.batching, "max_batch_size": self.policy.cap,
                               "max_batch_tokens": self.config.max_batch_tokens,
                               "cost_model_ms": self.policy.cost.table() if self.policy.cost else {}}
-        engine = self.sessions[0].engine if self.sessions else None
+        engine = self.pool.engine if self.pool is not None else None
         if engine is not None:
             result["engine"] = {"type": engine.name, "device": engine.device,
                                 "description": engine.describe()}
         return result
 
     def forget(self, conn: Connection) -> None:
-        """Drop a closed connection from the registry."""
+        """Drop a closed connection, and any work it left queued, which nobody awaits now."""
         with self._lock:
             self.connections.discard(conn)
         self.stats.on_connection(False)
+        if conn.pending:
+            for item in self.queue.purge(lambda item: not item.alive()):
+                item.answered = True
+                self.stats.on_finished("client_gone", None)
 
     # -- stop --------------------------------------------------------------------------------
     def shutdown(self, timeout: float | None = None) -> bool:
         """Stop accepting, refuse new requests, answer every admitted one, close, join.
 
+        Work still queued when ``timeout`` (default: the configured one) runs out is answered
+        with ``shutting_down``; a batch an engine is still running is abandoned.
+
         Returns:
-            True if every session drained within ``timeout`` (default: the configured one).
+            True if every admitted request was run within ``timeout``.
         """
         timeout = self.config.shutdown_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         if self._listener is not None:
             self._listener.stop()  # first stop accepting, then refuse new requests
         self._draining = True
         self.queue.close()
-        deadline = time.monotonic() + timeout
-
-        def left() -> float:
-            return max(0.0, deadline - time.monotonic())
-
-        for session in self.sessions:
-            session.join(left())
-        drained = not any(s.is_alive() for s in self.sessions)
+        drained = self.pool.join(timeout) if self.pool is not None else True
+        if not drained:
+            stopped = ShuttingDown("server stopped before this request could run")
+            for item in self.queue.purge(lambda item: True):
+                item.answer(None, stopped)
         with self._lock:
             connections = list(self.connections)
         for conn in connections:
             conn.close()
+        left = max(0.0, deadline - time.monotonic())
         for conn in connections:
-            conn.thread.join(left())
+            conn.thread.join(left)
+        if self._reaper.is_alive():
+            self._reaper.join(1.0)
         if self._metrics_httpd is not None:
             self._metrics_httpd.shutdown()
             self._metrics_httpd.server_close()
@@ -296,44 +370,17 @@ class InferenceServer:
         self.shutdown()
 
 
+_TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "int | None": int}
+
+
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
-    """Command-line options -> ServerConfig."""
-    d = ServerConfig()
+    """Command-line options -> ServerConfig (one flag per config field)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--host", default=d.host, help="address to bind (0.0.0.0: all interfaces)")
-    p.add_argument("--port", type=int, default=d.port, help="TCP port (0: any free port)")
-    p.add_argument("--num_inference_sessions", type=int, default=d.num_inference_sessions,
-                   help="inference-session threads, each with its own engine")
-    p.add_argument("--inference_engine_type", choices=ENGINE_TYPES, default=d.inference_engine_type)
-    p.add_argument("--model_dir", default=d.model_dir, help="folder written by prepare_model.py")
-    p.add_argument("--device", default=d.device, help="auto, cpu, cuda or cuda:N (auto: GPU if any)")
-    p.add_argument("--threads_per_session", type=int, default=d.threads_per_session,
-                   help="CPU threads per engine (0: cores divided among sessions)")
-    p.add_argument("--batching", choices=BATCHING_MODES, default=d.batching,
-                   help="auto: batch only as far as the measured cost says it pays; fixed: fill "
-                        "up to the caps; off: one request per batch")
-    p.add_argument("--max_batch_size", type=int, default=d.max_batch_size,
-                   help="most requests a session runs as one batch")
-    p.add_argument("--max_batch_tokens", type=int, default=d.max_batch_tokens,
-                   help="most rows x padded length in one batch (a larger request runs alone)")
-    p.add_argument("--max_queue_delay_ms", type=float, default=d.max_queue_delay_ms,
-                   help="most a request waits for a bigger batch (only spent when it can help)")
-    p.add_argument("--batch_lookahead", type=int, default=d.batch_lookahead,
-                   help="waiting requests considered when forming a batch")
-    p.add_argument("--max_queue", type=int, default=d.max_queue, help="bound of the shared queue")
-    p.add_argument("--max_frame_size", type=int, default=d.max_frame_size, help="frame cap, bytes")
-    p.add_argument("--send_timeout", dest="send_timeout_s", type=float, default=d.send_timeout_s,
-                   help="seconds a reply may block on a client that does not read")
-    p.add_argument("--no_answer", choices=["auto", "on", "off"], default=d.no_answer,
-                   help="SQuAD2 'no answer' (auto: on for SQuAD2 models)")
-    p.add_argument("--max_seq_len", type=int, default=d.max_seq_len)
-    p.add_argument("--doc_stride", type=int, default=d.doc_stride)
-    p.add_argument("--max_answer_len", type=int, default=d.max_answer_len)
-    p.add_argument("--shutdown_timeout", dest="shutdown_timeout_s", type=float,
-                   default=d.shutdown_timeout_s, help="seconds to finish admitted work on stop")
-    p.add_argument("--metrics_port", type=int, default=None,
-                   help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)")
-    p.add_argument("--metrics_host", default=d.metrics_host, help="address for --metrics_port")
+    for f in fields(ServerConfig):
+        meta = f.metadata
+        p.add_argument(meta["flag"] or f"--{f.name}", dest=f.name, type=_TYPES[str(f.type)],
+                       default=f.default, choices=meta["choices"],
+                       help=f"{meta['help']} (default: {f.default})")
     p.add_argument("--log_level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = vars(p.parse_args(argv))
     logging.basicConfig(level=args.pop("log_level"),

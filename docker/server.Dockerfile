@@ -24,10 +24,14 @@ COPY server.py client.py prepare_model.py ./
 COPY engines/ engines/
 COPY protocol/ protocol/
 COPY transport/ transport/
+COPY telemetry/ telemetry/
 
 # The prepared model is mounted here (run prepare_model.py once; see README).
 VOLUME ["/app/saved_models"]
 EXPOSE 9999
 STOPSIGNAL SIGTERM
+# Ready = every session loaded and warmed up, not draining (docs/operations.md).
+HEALTHCHECK --interval=15s --timeout=5s --start-period=120s \
+    CMD ["python", "client.py", "--port", "9999", "--ready", "--timeout", "3"]
 ENTRYPOINT ["python", "server.py", "--host", "0.0.0.0"]
 CMD ["--port", "9999"]
