@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from engines.base import Engine
 from protocol import FrameDecoder, encode_frame
 
 CONTEXTS = [
@@ -81,3 +85,27 @@ class Reference:
     def answer(self, question: str, context: str) -> dict[str, Any]:
         features = [self.task.preprocess(question, context)]
         return self.task.answer_batch(features, self.engine.run(self.task.collate(features)))[0]
+
+
+class GatedEngine(Engine):
+    """A real engine that holds every batch until the test opens the gate; counts what it ran."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner, self.gate = inner, threading.Event()
+        self.gate.set()  # open while the server starts (every engine is primed before ready)
+        self.input_names, self.name = inner.input_names, "gated"
+        self.calls = 0  # batches that entered run()
+        self.rows_run = 0  # rows of the batches that went through
+
+    def run(self, feeds: Any) -> dict[str, Any]:
+        self.calls += 1
+        assert self.gate.wait(60), "the test never opened the gate"
+        self.rows_run += len(next(iter(feeds.values())))
+        return self.inner.run(feeds)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.01)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from client import Client, ConnectionLost
+from protocol import FrameDecoder
 from server import InferenceServer, ServerConfig
 from tests.helpers import CONTEXTS, QUESTIONS
 
@@ -80,3 +81,32 @@ def test_stress_test_runs_client_processes_and_reports_every_request(
     assert done.returncode == 0, done.stderr
     assert "requests: 24   ok: 24   errors: none" in done.stdout
     assert "p99" in done.stdout and "requests/s" in done.stdout
+
+
+def test_a_timed_out_wait_tells_the_server_the_deadline_and_forgets_the_request() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = Client(*listener.getsockname()[:2])
+    peer, _ = listener.accept()
+    with pytest.raises(TimeoutError):
+        client.answer("Who?", "Bob.", timeout=0.2)  # the fake server never answers
+    assert client.in_flight == 0  # nothing left behind waiting forever
+    decoder = FrameDecoder()
+    decoder.receive_data(peer.recv(4096))
+    assert decoder.next_message()["timeout_ms"] == 200
+    peer.close()
+    client.close()
+    listener.close()
+
+
+def test_ready_probe_exits_zero_for_a_ready_server_and_two_when_unreachable(
+        server: InferenceServer) -> None:
+    host, port = server.address
+    ready = subprocess.run([sys.executable, "client.py", "--host", host, "--port", str(port),
+                            "--ready"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert ready.returncode == 0 and "'ready': True" in ready.stdout
+    probe = socket.create_server(("127.0.0.1", 0))
+    free_port = probe.getsockname()[1]
+    probe.close()  # nothing listens there now
+    gone = subprocess.run([sys.executable, "client.py", "--port", str(free_port), "--ready"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 2

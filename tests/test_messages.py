@@ -7,18 +7,25 @@ from typing import Any
 import pytest
 
 from protocol.codec import FrameDecoder, encode_frame
+from protocol.errors import ERRORS_BY_CODE
 from protocol.errors import (
     BadRequest,
+    DeadlineExceeded,
     EngineError,
+    FrameTimeout,
     FrameTooLarge,
+    IdleTimeout,
     InternalError,
+    Overloaded,
     ProtocolError,
     ServerError,
     ShuttingDown,
+    TooManyConnections,
     UnknownServerError,
 )
 from protocol.messages import (
     REQUEST_PARSERS,
+    FieldLimits,
     PingRequest,
     QARequest,
     Reply,
@@ -184,6 +191,11 @@ def test_parse_reply_round_trips_an_ok_reply() -> None:
         (InternalError("i"), InternalError),
         (EngineError("e"), EngineError),
         (ShuttingDown("s"), ShuttingDown),
+        (Overloaded("o"), Overloaded),
+        (DeadlineExceeded("d"), DeadlineExceeded),
+        (TooManyConnections("t"), TooManyConnections),
+        (IdleTimeout("i"), IdleTimeout),
+        (FrameTimeout("f"), FrameTimeout),
     ],
 )
 def test_parse_reply_round_trips_each_error_code(error: ServerError, expected: type) -> None:
@@ -197,10 +209,10 @@ def test_parse_reply_round_trips_each_error_code(error: ServerError, expected: t
 
 
 def test_parse_reply_keeps_unknown_error_codes() -> None:
-    wire = {"id": None, "ok": False, "error": {"code": "overloaded", "message": "busy"}}
+    wire = {"id": None, "ok": False, "error": {"code": "rate_limited", "message": "busy"}}
     reply = parse_reply(over_the_wire(wire))
     assert isinstance(reply.error, UnknownServerError)
-    assert reply.error.code == "overloaded" and reply.error.message == "busy"
+    assert reply.error.code == "rate_limited" and reply.error.message == "busy"
     assert reply.id is None
 
 
@@ -239,3 +251,38 @@ def test_stats_request_round_trips_and_takes_no_fields() -> None:
 
     assert parse_request(stats_request(9)) == StatsRequest(id=9)
     assert parse_request({"id": 4, "op": "stats", "extra": [1, 2]}) == StatsRequest(id=4)
+
+
+# --------------------------------------------------------------------------- deadlines and caps
+
+
+@pytest.mark.parametrize("timeout_ms", [1, 250, 0.5, 60_000.0, None])
+def test_timeout_ms_is_an_optional_positive_number(timeout_ms: float | None) -> None:
+    request = parse_request(over_the_wire(qa_request(3, "Who?", "Bob.", timeout_ms)))
+    assert isinstance(request, QARequest) and request.timeout_ms == timeout_ms
+
+
+@pytest.mark.parametrize("bad", [0, -1, -0.5, float("nan"), float("inf"), True, "100", [100]])
+def test_a_timeout_ms_that_is_not_a_positive_number_is_a_bad_request(bad: object) -> None:
+    with pytest.raises(BadRequest, match="timeout_ms") as info:
+        parse_request(qa(timeout_ms=bad))
+    assert info.value.request_id == 1
+
+
+def test_field_limits_name_the_option_that_sets_them() -> None:
+    limits = FieldLimits(max_question_chars=5, max_context_chars=10)
+    limits.check(QARequest(id=1, question="Who?!", context="0123456789"))  # at the caps: fine
+    with pytest.raises(BadRequest, match=r"'question' has 6 characters; the limit is 5 "
+                                         r"\(max_question_chars\)"):
+        limits.check(QARequest(id=1, question="Who?!!", context="Bob."))
+    with pytest.raises(BadRequest, match="max_context_chars") as info:
+        limits.check(QARequest(id=7, question="Who?", context="x" * 11))
+    assert info.value.request_id == 7
+    FieldLimits(max_question_chars=0, max_context_chars=0).check(
+        QARequest(id=1, question="?" * 10**5, context="x" * 10**6))  # 0: no cap
+
+
+def test_only_connection_ending_errors_are_fatal() -> None:
+    fatal = {code for code, cls in ERRORS_BY_CODE.items() if cls.fatal}
+    assert fatal == {"protocol_error", "frame_too_large", "frame_timeout", "idle_timeout",
+                     "too_many_connections"}

@@ -91,6 +91,9 @@ def test_metrics_endpoint_serves_the_same_figures_as_prometheus_text(
     assert queue[("qa_server_queue_time_seconds_count",)] == 30
     assert metrics["qa_server_queue_depth"][("qa_server_queue_depth",)] == 0
     assert metrics["qa_server_ready"][("qa_server_ready",)] == 1
+    events = metrics["qa_server_events"]
+    assert events[("qa_server_events_total", ("event", "session_restart"))] == 0
+    assert set(stats["events"]) == {key[1][1] for key in events}
     info = next(iter(metrics["qa_server_info"]))
     assert ("model", "tiny-random-bert-qa-0") in info and ("engine", "onnx") in info
 

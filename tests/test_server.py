@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from client import Client
 from engines import load_engine
-from engines.base import Engine
 from protocol import BadRequest, encode_frame, qa_request
 from server import InferenceServer, ServerConfig
-from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, Reference, header
+from tests.helpers import (
+    CONTEXTS,
+    QUESTIONS,
+    GatedEngine,
+    RawConnection,
+    Reference,
+    header,
+    wait_until,
+)
 
 FRAME_CAP = 64 * 1024
 
@@ -168,26 +173,6 @@ def test_client_vanishing_with_requests_in_flight_does_not_hurt_the_server(
     with Client(*server.address) as client:
         assert client.ping(timeout=10)["ready"] is True
         assert client.answer(QUESTIONS[4], CONTEXTS[4], timeout=60)["answer"]
-
-
-class GatedEngine(Engine):
-    """A real engine that holds every batch until the test opens the gate."""
-
-    def __init__(self, inner: Engine) -> None:
-        self.inner, self.gate = inner, threading.Event()
-        self.gate.set()  # open while the server starts (every engine is primed before ready)
-        self.input_names, self.name = inner.input_names, "gated"
-
-    def run(self, feeds: Any) -> dict[str, Any]:
-        assert self.gate.wait(60), "the test never opened the gate"
-        return self.inner.run(feeds)
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.01)
 
 
 def test_shutdown_answers_admitted_requests_and_refuses_new_ones(tiny_model_dir: Path) -> None:

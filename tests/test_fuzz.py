@@ -1,0 +1,186 @@
+"""Fuzzing with hypothesis: the codec and request validation in-process, then a live server fed
+random byte streams while a healthy client keeps checking its answers.
+
+Examples are derandomized, so CI runs the same few thousand cases every time.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from client import Client
+from protocol import (
+    ERRORS_BY_CODE,
+    BadRequest,
+    FrameDecoder,
+    ProtocolError,
+    encode_frame,
+    parse_reply,
+    parse_request,
+    qa_request,
+)
+from server import InferenceServer, ServerConfig
+from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, Reference, header, wait_until
+
+FRAME_CAP = 4096
+
+
+def fuzz(examples: int) -> settings:
+    """Deterministic settings for ``examples`` cases; no timing limits (shared CI machines)."""
+    return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+# -- strategies ----------------------------------------------------------------------------------
+ints = st.integers(min_value=-(2**63), max_value=2**64 - 1)
+texts = st.text(max_size=40)
+scalars = ints | texts | st.floats() | st.booleans() | st.none() | st.binary(max_size=16)
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
+                      | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
+request_maps = st.fixed_dictionaries({}, optional={
+    "id": ints | values,
+    "op": st.sampled_from(["qa", "ping", "stats", "QA", ""]) | values,
+    "question": st.sampled_from(QUESTIONS) | texts | values,
+    "context": st.sampled_from(CONTEXTS) | texts | values,
+    "timeout_ms": st.integers(-5, 60_000) | st.floats() | values,
+})
+good_qa = st.builds(qa_request, ints, st.sampled_from(QUESTIONS) | texts,
+                    st.sampled_from(CONTEXTS) | texts)
+chunks = st.one_of(
+    request_maps.map(encode_frame),
+    good_qa.map(encode_frame),
+    values.map(lambda v: msgpack.packb(v, use_bin_type=True)).map(lambda b: header(len(b)) + b),
+    st.binary(max_size=48),  # raw garbage
+    st.binary(min_size=1, max_size=48).map(lambda b: header(len(b)) + b),  # framed garbage
+    st.integers(0, 2**32 - 1).map(header),  # a lone header, any length
+)
+streams = st.lists(chunks, min_size=1, max_size=6).map(b"".join)
+
+
+# -- in-process -----------------------------------------------------------------------------------
+@fuzz(2000)
+@given(stream=streams, cuts=st.lists(st.integers(0, 400), max_size=6))
+def test_fuzz_decoder_yields_maps_or_a_protocol_error_however_the_bytes_are_split(
+        stream: bytes, cuts: list[int]) -> None:
+    whole = decode_all(stream, [stream])
+    bounds = sorted({min(c, len(stream)) for c in cuts} | {0, len(stream)})
+    pieces = [stream[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+    assert repr(decode_all(stream, pieces)) == repr(whole)  # repr: NaN == NaN
+    assert all(isinstance(m, dict) for m in whole[0])
+
+
+def decode_all(stream: bytes, pieces: list[bytes]) -> tuple[list[Any], str | None]:
+    """Messages, then the code of the error that ended the stream (None: clean EOF)."""
+    decoder, out = FrameDecoder(FRAME_CAP), []
+    try:
+        for piece in pieces:
+            decoder.receive_data(piece)
+            while (message := decoder.next_message()) is not None:
+                out.append(message)
+        decoder.receive_data(b"")
+        while (message := decoder.next_message()) is not None:
+            out.append(message)
+    except ProtocolError as exc:
+        return out, exc.code
+    assert decoder.closed
+    return out, None
+
+
+@fuzz(2000)
+@given(obj=request_maps | values)
+def test_fuzz_request_validation_returns_a_request_or_raises_bad_request(obj: Any) -> None:
+    try:
+        request = parse_request(obj)
+    except BadRequest as exc:
+        assert exc.message
+        valid_id = isinstance(obj, dict) and type(obj.get("id")) is int
+        assert exc.request_id == (obj["id"] if valid_id else None)
+        return
+    assert request.op in ("qa", "ping", "stats") and request.id == obj["id"]
+
+
+# -- a live server ---------------------------------------------------------------------------------
+class HealthyClient(threading.Thread):
+    """Asks known questions in a loop and checks every answer against the reference."""
+
+    def __init__(self, address: tuple[str, int], expected: list[dict[str, Any]]) -> None:
+        super().__init__(name="healthy-client", daemon=True)
+        self.address, self.expected = address, expected
+        self.stop, self.answered, self.wrong = threading.Event(), 0, []
+
+    def run(self) -> None:
+        with Client(*self.address) as client:
+            while not self.stop.is_set():
+                i = self.answered % len(self.expected)
+                result = client.answer(QUESTIONS[i], CONTEXTS[i], timeout=60)
+                want = self.expected[i]
+                if (result["answer"], result["start"]) != (want["answer"], want["start"]):
+                    self.wrong.append((i, result))
+                self.answered += 1
+
+
+@pytest.fixture(scope="module")
+def live(tiny_model_dir: Path) -> Iterator[tuple[InferenceServer, HealthyClient]]:
+    reference = Reference(tiny_model_dir)
+    expected = [reference.answer(q, c) for q, c in zip(QUESTIONS, CONTEXTS)]
+    config = ServerConfig(port=0, model_dir=str(tiny_model_dir), num_inference_sessions=2,
+                          threads_per_session=1, max_batch_size=4, max_frame_size=FRAME_CAP)
+    with InferenceServer(config) as srv:
+        healthy = HealthyClient(srv.address, expected)
+        healthy.start()
+        yield srv, healthy
+        healthy.stop.set()
+        healthy.join(60)
+        assert not healthy.is_alive() and healthy.wrong == []
+        assert healthy.answered > 0
+
+
+@fuzz(2500)
+@given(stream=streams)
+def test_fuzz_live_server_answers_every_decodable_request_exactly_once(
+        live: tuple[InferenceServer, HealthyClient], stream: bytes) -> None:
+    srv, _ = live
+    messages, fatal = decode_all(stream, [stream])
+    conn = RawConnection(srv.address)
+    try:
+        conn.send_raw(stream)
+        conn.sock.shutdown(socket.SHUT_WR)
+        replies = []
+        while (reply := conn.recv_message()) is not None:
+            replies.append(parse_reply(reply))  # every reply is well formed
+    finally:
+        conn.close()
+    expected_ids = Counter(m["id"] for m in messages if type(m.get("id")) is int)
+    assert Counter(r.id for r in replies if r.id is not None) == expected_ids
+    unmatched = sum(type(m.get("id")) is not int for m in messages) + (fatal is not None)
+    assert sum(r.id is None for r in replies) == unmatched
+    codes = {r.error.code for r in replies if r.error is not None}
+    assert codes <= set(ERRORS_BY_CODE) - {"internal", "engine_error"}
+    if fatal is not None:
+        assert fatal in codes
+
+
+def test_after_the_fuzzing_the_server_is_healthy_and_holds_nothing(
+        live: tuple[InferenceServer, HealthyClient]) -> None:
+    srv, healthy = live
+    assert healthy.is_alive(), "the healthy client failed during the fuzzing"
+    healthy.stop.set()
+    healthy.join(60)
+    assert healthy.wrong == [] and healthy.answered > 0
+    wait_until(lambda: srv.stats.snapshot()["connections_open"] == 0)
+    snapshot = srv.stats.snapshot()
+    assert snapshot["in_flight"] == 0 and len(srv.queue) == 0
+    assert all("internal" not in outcomes for outcomes in snapshot["requests"].values())
+    assert srv.ready
+    seen = {f"{op}:{code}" for op, outcomes in snapshot["requests"].items() for code in outcomes}
+    assert {"qa:ok", "qa:bad_request", "ping:ok", "invalid:bad_request", "frame:protocol_error",
+            "frame:frame_too_large"} <= seen, seen  # the fuzzing reached every path
