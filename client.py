@@ -113,7 +113,6 @@ class Client:
                 late = [rid for rid, f in self._pending.items() if f is future]
                 for rid in late:
                     del self._pending[rid]  # a late reply is then ignored
-            future.cancel()
             raise
 
     def request(self, build: Any) -> Future[dict[str, Any]]:

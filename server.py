@@ -106,6 +106,20 @@ class ServerConfig:
             return self.threads_per_session
         return max(1, (os.cpu_count() or 1) // max(1, self.num_inference_sessions))
 
+    def problems(self) -> list[str]:
+        """What is wrong with these settings (empty when they can serve)."""
+        at_least_one = ("num_inference_sessions", "max_batch_size", "batch_lookahead",
+                        "max_queue", "max_connections", "max_frame_size")
+        never_negative = ("threads_per_session", "max_batch_tokens", "max_queue_delay_ms",
+                          "request_timeout_ms", "idle_timeout_s", "frame_timeout_s",
+                          "max_question_chars", "max_context_chars", "send_timeout_s",
+                          "shutdown_timeout_s")
+        flags = {f.name: f.metadata["flag"] or f"--{f.name}" for f in fields(self)}
+        return ([f"{flags[name]} must be at least 1" for name in at_least_one
+                 if getattr(self, name) < 1]
+                + [f"{flags[name]} must not be negative" for name in never_negative
+                   if getattr(self, name) < 0])
+
     def limits(self) -> FieldLimits:
         """The caps on request fields."""
         return FieldLimits(max_question_chars=self.max_question_chars,
@@ -385,7 +399,10 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     args = vars(p.parse_args(argv))
     logging.basicConfig(level=args.pop("log_level"),
                         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
-    return ServerConfig(**args)
+    config = ServerConfig(**args)
+    if problems := config.problems():
+        p.error("; ".join(problems))
+    return config
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,14 +90,14 @@ class InferenceSession(threading.Thread):
         self.ready.set()
         try:
             self._serve()
-        except BaseException as exc:  # noqa: BLE001 - the pool replaces a session that dies
-            self.crash = exc
         finally:
             _close_quietly(self.engine)
         if self.crash is not None and self.on_exit is not None:
             self.on_exit(self)
 
     def _serve(self) -> None:
+        """Run batches until the queue is drained; if anything escapes, record it in ``crash``
+        and fail the unanswered requests of the batch in hand."""
         batch: list[WorkItem] = []
         try:
             while batch := self.queue.take_batch(self.policy):
@@ -105,12 +105,12 @@ class InferenceSession(threading.Thread):
                     self.run_batch(batch)
                 finally:
                     self.queue.done()
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - the pool replaces a session that dies
+            self.crash = exc  # before any reply: from now on this session is not serving
             log.critical("%s died: %s: %s", self.name, type(exc).__name__, exc, exc_info=True)
             error = InternalError(f"inference session died: {type(exc).__name__}")
             for item in batch:
                 item.answer(None, error)  # only those not answered yet
-            raise
 
     def warm_up(self, engine: Engine) -> None:
         """Run and time the shapes batching will use, before the server reports ready.

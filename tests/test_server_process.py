@@ -56,6 +56,14 @@ def test_help_keeps_the_seed_options() -> None:
     assert "{onnx,pytorch}" in out
 
 
+def test_impossible_limits_are_a_usage_error_naming_the_flags() -> None:
+    done = subprocess.run([sys.executable, "server.py", "--max_queue", "0", "--idle_timeout", "-1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--max_queue must be at least 1" in done.stderr
+    assert "--idle_timeout must not be negative" in done.stderr
+
+
 def test_missing_model_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "server.py", "--port", "0", "--model_dir", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -103,3 +111,29 @@ def test_sigterm_under_load_answers_every_admitted_request_and_exits_zero(
     assert proc.wait(timeout=60) == 0
     reader.join(10)
     assert "all admitted requests answered" in "".join(lines)
+
+
+def test_a_second_signal_while_draining_exits_at_once(tiny_model_dir: Path) -> None:
+    proc, address, lines = start_server("--model_dir", str(tiny_model_dir),
+                                        "--num_inference_sessions", "1", "--threads_per_session", "1")
+    reader = drain_log(proc, lines)
+    conn = RawConnection(address)
+    total = 1000  # long contexts, several windows each: seconds of work to drain
+    conn.send_raw(b"".join(encode_frame(qa_request(i, QUESTIONS[i % 6], CONTEXTS[i % 6] * 30))
+                           for i in range(total)))
+    with Client(*address) as observer:
+        deadline = time.monotonic() + 60
+        while observer.stats(timeout=30)["admitted"] < total:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 30
+    while not any("stopping (again to force)" in line for line in lines):
+        assert time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)  # the first is being handled: this one forces the exit
+    assert proc.wait(timeout=10) == 1
+    reader.join(10)
+    log = "".join(lines)
+    assert "second SIGINT: exiting now" in log and "stopped (" not in log
+    conn.close()
