@@ -215,7 +215,7 @@ def repl(client: Client) -> None:
             while question := input("question> ").strip():
                 started = time.perf_counter()
                 try:
-                    result = client.answer(question, context)
+                    client, result = ask(client, question, context)
                 except ServerError as exc:
                     print(f"  error [{exc.code}]: {exc.message}")
                     continue
@@ -223,6 +223,20 @@ def repl(client: Client) -> None:
         except (EOFError, KeyboardInterrupt):
             print()
             return
+        except OSError as exc:
+            print(f"connection to {client.address[0]}:{client.address[1]} lost: {exc}")
+            return
+
+
+def ask(client: Client, question: str, context: str) -> tuple[Client, dict[str, Any]]:
+    """Answer one question, reconnecting once if the server had closed the connection (it
+    closes idle ones); returns the client in use and the answer."""
+    try:
+        return client, client.answer(question, context)
+    except ConnectionLost:
+        client.close()
+        fresh = Client(*client.address)
+        return fresh, fresh.answer(question, context)
 
 
 def probe(client: Client, timeout: float) -> int:

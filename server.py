@@ -278,6 +278,7 @@ class InferenceServer:
             raise ShuttingDown("server is shutting down; request not admitted")
         assert self.task is not None
         self.limits.check(request)
+        self.queue.check_room()  # a full queue refuses before the cost of tokenizing
         features = self.task.preprocess(request.question, request.context)
         admitted = time.monotonic()
         timeout_ms = request.timeout_ms or self.config.request_timeout_ms

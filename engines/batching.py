@@ -133,11 +133,7 @@ class WorkQueue:
             Overloaded: ``maxsize`` items are already waiting.
         """
         with self._lock:
-            if self._closed:
-                raise ShuttingDown("server is shutting down; request not admitted")
-            if len(self._items) >= self.maxsize:
-                raise Overloaded(f"server overloaded: {self.maxsize} requests already waiting "
-                                 "(max_queue); retry later")
+            self._check_room()
             item.queued = True
             self._items.append(item)
             self._arrivals.append(item.enqueued_at)
@@ -146,6 +142,24 @@ class WorkQueue:
                 if self._deadlines[0][2] is item:
                     self._expiry.notify()
             self._not_empty.notify()
+
+    def check_room(self) -> None:
+        """Raise now what ``put`` would raise now, admitting nothing: lets a producer refuse
+        before it does costly work (``put`` checks again).
+
+        Raises:
+            ShuttingDown: the queue was closed.
+            Overloaded: the queue is full.
+        """
+        with self._lock:
+            self._check_room()
+
+    def _check_room(self) -> None:
+        if self._closed:
+            raise ShuttingDown("server is shutting down; request not admitted")
+        if len(self._items) >= self.maxsize:
+            raise Overloaded(f"server overloaded: {self.maxsize} requests already waiting "
+                             "(max_queue); retry later")
 
     def take_batch(self, policy: BatchPolicy | int) -> list[WorkItem]:
         """Block until work is waiting, then form a batch under ``policy``.

@@ -13,7 +13,7 @@ import pytest
 from client import Client, ConnectionLost
 from protocol import FrameDecoder
 from server import InferenceServer, ServerConfig
-from tests.helpers import CONTEXTS, QUESTIONS
+from tests.helpers import CONTEXTS, QUESTIONS, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,3 +110,20 @@ def test_ready_probe_exits_zero_for_a_ready_server_and_two_when_unreachable(
     gone = subprocess.run([sys.executable, "client.py", "--port", str(free_port), "--ready"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert gone.returncode == 2
+
+
+def test_repl_reconnects_after_the_server_closed_its_idle_connection(tiny_model_dir: Path) -> None:
+    config = ServerConfig(port=0, model_dir=str(tiny_model_dir), num_inference_sessions=1,
+                          idle_timeout_s=0.5)
+    with InferenceServer(config) as srv:
+        host, port = srv.address
+        repl = subprocess.Popen([sys.executable, "client.py", "--host", host, "--port", str(port)],
+                                cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+        assert repl.stdin is not None
+        repl.stdin.write(f"{CONTEXTS[0]}\n{QUESTIONS[0]}\n")
+        repl.stdin.flush()
+        wait_until(lambda: srv.stats.snapshot()["events"]["idle_timeout"] == 1, timeout=60)
+        out, _ = repl.communicate(f"{QUESTIONS[1]}\n", timeout=60)  # asked after the close
+        assert repl.returncode == 0
+        assert out.count("answer: ") == 2 and "error" not in out and "lost" not in out

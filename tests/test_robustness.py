@@ -57,16 +57,17 @@ def test_beyond_the_queue_bound_requests_get_overloaded_at_once(gated: Any) -> N
     srv, engine = gated
     conn = RawConnection(srv.address)
     hold_the_session(srv, engine, conn)
-    conn.send_raw(frames(*(qa(rid, timeout_ms=60_000) for rid in range(1, 8))))
-    refused = conn.recv_replies(3)  # answered while the engine is still held
-    assert set(refused) == {5, 6, 7}
-    assert {r["error"]["code"] for r in refused.values()} == {"overloaded"}
+    conn.send_raw(frames(*(qa(rid, timeout_ms=60_000) for rid in range(1, 8)),
+                         qa(8, question="?" * 990)))  # under the cap, too long for the model
+    refused = conn.recv_replies(4)  # answered while the engine is still held
+    assert set(refused) == {5, 6, 7, 8}
+    assert {r["error"]["code"] for r in refused.values()} == {"overloaded"}  # before tokenizing
     assert "max_queue" in refused[5]["error"]["message"]
     assert len(srv.queue) == 4
     engine.gate.set()
     answered = conn.recv_replies(5)
     assert set(answered) == {0, 1, 2, 3, 4} and all(r["ok"] for r in answered.values())
-    wait_until(lambda: outcomes(srv) == {"ok": 5, "overloaded": 3})  # counted after the reply
+    assert outcomes(srv) == {"ok": 5, "overloaded": 4}
     assert srv.stats.snapshot()["in_flight"] == 0
     conn.close()
 
