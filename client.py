@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout  # the builtin from 3.11
 from typing import Any
 
 from protocol import (
@@ -108,7 +109,7 @@ class Client:
         TimeoutError."""
         try:
             return future.result(timeout)
-        except TimeoutError:
+        except FutureTimeout:
             with self._lock:
                 late = [rid for rid, f in self._pending.items() if f is future]
                 for rid in late:
@@ -243,7 +244,7 @@ def probe(client: Client, timeout: float) -> int:
     """Print the ping result; 0 if the server says it is ready, else 1."""
     try:
         result = client.ping(timeout=timeout)
-    except (ServerError, ConnectionLost, TimeoutError) as exc:
+    except (ServerError, ConnectionLost, FutureTimeout) as exc:
         print(f"not ready: {exc!r}", file=sys.stderr)
         return 1
     print(result)

@@ -35,7 +35,7 @@ from engines.batching import (
     WorkQueue,
 )
 from engines.cost_model import CostModel
-from engines.model_dir import ModelDirError, ModelInfo, load_model_info
+from engines.model_dir import ModelInfo, load_model_info
 from engines.qa import QAConfig, QATask
 from engines.pool import SessionPool
 from engines.session import InferenceSession
@@ -112,13 +112,14 @@ class ServerConfig:
                         "max_queue", "max_connections", "max_frame_size")
         never_negative = ("threads_per_session", "max_batch_tokens", "max_queue_delay_ms",
                           "request_timeout_ms", "idle_timeout_s", "frame_timeout_s",
-                          "max_question_chars", "max_context_chars", "send_timeout_s",
-                          "shutdown_timeout_s")
+                          "max_question_chars", "max_context_chars", "shutdown_timeout_s")
         flags = {f.name: f.metadata["flag"] or f"--{f.name}" for f in fields(self)}
         return ([f"{flags[name]} must be at least 1" for name in at_least_one
                  if getattr(self, name) < 1]
                 + [f"{flags[name]} must not be negative" for name in never_negative
-                   if getattr(self, name) < 0])
+                   if getattr(self, name) < 0]
+                + ([] if self.send_timeout_s >= 0.001 else ["--send_timeout must be at least "
+                                                              "0.001 (0 would mean never)"]))
 
     def limits(self) -> FieldLimits:
         """The caps on request fields."""
@@ -264,7 +265,13 @@ class InferenceServer:
                 "retry later"))
             return
         self.stats.on_connection(True)
-        conn.thread.start()
+        try:
+            conn.thread.start()
+        except RuntimeError as exc:  # no threads left: this connection only is lost
+            log.error("cannot serve connection %s: %s", conn.peer, exc)
+            conn.close()
+            conn.sock.close()
+            self.forget(conn)
 
     def admit(self, request: QARequest, respond: Responder, alive: Any) -> None:
         """Check, tokenize and queue one request.
@@ -364,11 +371,16 @@ class InferenceServer:
                 item.answer(None, stopped)
         with self._lock:
             connections = list(self.connections)
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
+        for conn in connections:
+            conn.flush(left())  # replies computed but not yet taken by a slow client's socket
         for conn in connections:
             conn.close()
-        left = max(0.0, deadline - time.monotonic())
         for conn in connections:
-            conn.thread.join(left)
+            conn.thread.join(left())
         if self._reaper.is_alive():
             self._reaper.join(1.0)
         if self._metrics_httpd is not None:
@@ -423,8 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     server = InferenceServer(config)
     try:
         server.start()
-    except (ModelDirError, RuntimeError, OSError) as exc:
-        log.error("cannot start: %s", exc)
+    except Exception as exc:  # noqa: BLE001 - any start failure is exit status 2, logged
+        log.error("cannot start: %s: %s", type(exc).__name__, exc)
         server.shutdown(timeout=5)
         return 2
     stop.wait()

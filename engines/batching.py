@@ -274,7 +274,8 @@ class WorkQueue:
                 if expired:
                     self._remove(expired)
                     return expired
-                self._expiry.wait(self._deadlines[0][0] - now if self._deadlines else None)
+                # capped: a far deadline must never overflow the wait (or outlive a clock jump)
+                self._expiry.wait(min(self._deadlines[0][0] - now, 60.0) if self._deadlines else None)
 
     def purge(self, drop: Callable[[WorkItem], bool]) -> list[WorkItem]:
         """Remove and return every queued item for which ``drop(item)`` is true."""

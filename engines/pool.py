@@ -45,6 +45,7 @@ class SessionPool:
         self._failures = [0] * count  # consecutive failed replacements, per index
         self._timers: dict[int, threading.Timer] = {}
         self._started = False
+        self._draining = False
         self._stopping = False
 
     def start(self) -> None:
@@ -86,6 +87,11 @@ class SessionPool:
         with self._lock:
             if not self._started or self._stopping:
                 return
+            others = any(s.is_alive() for s in self.sessions if s is not session)
+            if self._draining and others:
+                log.error("%s died while draining; the other sessions finish the work",
+                          session.name)
+                return
             index = session.index
             if session.crash is not None:
                 self._failures[index] = 0  # it had loaded and served: start afresh, at once
@@ -123,12 +129,15 @@ class SessionPool:
     def join(self, timeout: float) -> bool:
         """Wait for every session to drain the closed queue and stop; then replace no more.
 
-        A session that dies while draining is still replaced, so admitted work gets done.
+        A session that dies while draining is replaced only if no other session is left to
+        finish the admitted work.
 
         Returns:
             True if every session stopped within ``timeout`` seconds.
         """
         deadline = time.monotonic() + timeout
+        with self._lock:
+            self._draining = True  # from now on, replace a session only if it was the last
         while True:
             with self._lock:
                 current = list(self.sessions)

@@ -11,7 +11,6 @@ function, one dataclass and one entry in that table.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
@@ -120,12 +119,16 @@ def _is_str(value: object) -> bool:
     return isinstance(value, str)
 
 
+#: Longest ``timeout_ms`` accepted: one day.
+MAX_TIMEOUT_MS = 86_400_000
+
+
 def _is_timeout(value: object) -> bool:
-    """A positive, finite number of milliseconds, or nil."""
+    """A positive number of milliseconds up to MAX_TIMEOUT_MS, or nil."""
     if value is None:
         return True
     is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return is_number and math.isfinite(value) and value > 0  # type: ignore[arg-type]
+    return is_number and 0 < value <= MAX_TIMEOUT_MS  # type: ignore[operator]
 
 
 def _is_bool(value: object) -> bool:
@@ -179,7 +182,8 @@ def _parse_qa(obj: Mapping[Any, Any], request_id: int) -> QARequest:
     context = _text(obj, "context", request_id)
     timeout_ms = None
     if obj.get("timeout_ms") is not None:
-        timeout_ms = _take(obj, "timeout_ms", _is_timeout, "a positive number of milliseconds",
+        timeout_ms = _take(obj, "timeout_ms", _is_timeout,
+                           f"a positive number of milliseconds up to {MAX_TIMEOUT_MS}",
                            BadRequest, request_id)
     return QARequest(id=request_id, question=question, context=context, timeout_ms=timeout_ms)
 

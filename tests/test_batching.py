@@ -90,7 +90,8 @@ def timed_item(tag: Any, timeout_s: float | None, replies: list) -> WorkItem:
 
 def test_the_reaper_answers_expired_items_while_no_session_takes_any() -> None:
     queue, replies = WorkQueue(), []
-    for tag, timeout_s in (("slow", 0.05), ("none", None), ("later", 30.0), ("fast", 0.02)):
+    for tag, timeout_s in (("far", 1e10), ("slow", 0.05), ("none", None), ("later", 30.0),
+                           ("fast", 0.02)):  # "far": a wait that long must not break the reaper
         queue.put(timed_item(tag, timeout_s, replies))
     reaper = DeadlineReaper(queue)
     reaper.start()
@@ -100,7 +101,7 @@ def test_the_reaper_answers_expired_items_while_no_session_takes_any() -> None:
     assert [tag for tag, _, _ in replies] == ["fast", "slow"]  # earliest deadline first
     assert all(isinstance(error, DeadlineExceeded) for _, _, error in replies)
     assert "not run" in replies[0][2].message
-    assert [i.features for i in queue.take_batch(5)] == ["none", "later"]  # the rest stay queued
+    assert [i.features for i in queue.take_batch(5)] == ["far", "none", "later"]  # still queued
     queue.done()
     queue.close()
     reaper.join(5)

@@ -256,13 +256,14 @@ def test_stats_request_round_trips_and_takes_no_fields() -> None:
 # --------------------------------------------------------------------------- deadlines and caps
 
 
-@pytest.mark.parametrize("timeout_ms", [1, 250, 0.5, 60_000.0, None])
+@pytest.mark.parametrize("timeout_ms", [1, 250, 0.5, 60_000.0, 86_400_000, None])
 def test_timeout_ms_is_an_optional_positive_number(timeout_ms: float | None) -> None:
     request = parse_request(over_the_wire(qa_request(3, "Who?", "Bob.", timeout_ms)))
     assert isinstance(request, QARequest) and request.timeout_ms == timeout_ms
 
 
-@pytest.mark.parametrize("bad", [0, -1, -0.5, float("nan"), float("inf"), True, "100", [100]])
+@pytest.mark.parametrize("bad", [0, -1, -0.5, float("nan"), float("inf"), 86_400_001, 10**13,
+                                 True, "100", [100]])
 def test_a_timeout_ms_that_is_not_a_positive_number_is_a_bad_request(bad: object) -> None:
     with pytest.raises(BadRequest, match="timeout_ms") as info:
         parse_request(qa(timeout_ms=bad))

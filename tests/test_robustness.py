@@ -19,7 +19,14 @@ from engines import load_engine
 from engines.base import Engine
 from protocol import encode_frame, qa_request
 from server import InferenceServer, ServerConfig
-from tests.helpers import CONTEXTS, QUESTIONS, GatedEngine, RawConnection, wait_until
+from tests.helpers import (
+    CONTEXTS,
+    QUESTIONS,
+    GatedEngine,
+    RawConnection,
+    header,
+    wait_until,
+)
 
 
 def frames(*messages: dict[str, Any]) -> bytes:
@@ -255,3 +262,50 @@ def _send_ignoring_errors(conn: RawConnection, data: bytes) -> None:
         conn.send_raw(data)
     except OSError:
         pass
+
+
+def test_after_a_fatal_error_nothing_more_is_sent_or_run_for_that_connection(
+        gated: Any) -> None:
+    srv, engine = gated
+    conn = RawConnection(srv.address)
+    hold_the_session(srv, engine, conn)
+    conn.send(qa(1, timeout_ms=60_000))
+    wait_until(lambda: len(srv.queue) == 1)
+    conn.send_raw(header(5) + b"\xc1" * 5)  # not msgpack: fatal
+    error = conn.recv_message()
+    assert error is not None and error["id"] is None and error["error"]["code"] == "protocol_error"
+    engine.gate.set()
+    assert conn.recv_message() is None  # request 0's reply is not sent after the fatal error
+    wait_until(lambda: outcomes(srv).get("client_gone") == 1)  # request 1 never ran
+    conn.close()
+
+
+def test_shutdown_delivers_replies_still_waiting_for_a_slow_clients_socket(
+        tiny_model_dir: Path) -> None:
+    engine = GatedEngine(load_engine("onnx", tiny_model_dir, threads=1))
+    config = ServerConfig(port=0, model_dir=str(tiny_model_dir), num_inference_sessions=1,
+                          send_timeout_s=120)
+    srv = InferenceServer(config, engine_factory=lambda: engine)
+    srv.start()
+    engine.gate.clear()
+    slow = RawConnection(srv.address)
+    slow.send_raw(frames(*(qa(rid) for rid in range(50))))
+    wait_until(lambda: srv.stats.admitted == 50)
+    writer = threading.Thread(target=slow.send_raw, daemon=True,
+                              args=(frames(*({"id": 1000 + i, "op": "stats"} for i in range(6000))),))
+    writer.start()
+    (conn,) = srv.connections
+    wait_until(lambda: conn._writer is not None)  # its socket is full: replies wait in the outbox
+    stopper = threading.Thread(target=srv.shutdown)
+    stopper.start()
+    wait_until(lambda: not srv.ready)
+    engine.gate.set()  # the 50 answers go behind the stats replies, into the outbox
+    wait_until(lambda: not any(s.is_alive() for s in srv.pool.sessions))
+    ids = set()
+    while (reply := slow.recv_message()) is not None:  # read at last, while shutting down
+        ids.add(reply["id"])
+    assert set(range(50)) <= ids  # none dropped at close
+    stopper.join(60)
+    assert not stopper.is_alive()
+    writer.join(30)
+    slow.close()

@@ -50,6 +50,8 @@ class ServerHooks(Protocol):
 OUTBOX_HIGH_WATER = 1 << 20
 #: Most seconds a connection ended by a fatal error keeps discarding input before it closes.
 LINGER_S = 2.0
+#: Longest single poll of a reader, in ms; it then looks at its clocks again.
+POLL_MAX_MS = 60_000
 
 
 class Connection:
@@ -77,6 +79,7 @@ class Connection:
         self._writing = False
         self._writer: threading.Thread | None = None
         self._open = True
+        self._ending = False  # a fatal error reply was sent: nothing more is sent or run
         self._last_activity = time.monotonic()
         self._frame_started = 0.0
         self._poll = select.poll()
@@ -88,8 +91,9 @@ class Connection:
         self.thread = threading.Thread(target=self.serve, name=f"conn-{self.peer}", daemon=True)
 
     def is_open(self) -> bool:
-        """False once the connection is closed (queued work for it is then skipped)."""
-        return self._open
+        """False once the connection is closed or ending after a fatal error (queued work for
+        it is then skipped)."""
+        return self._open and not self._ending
 
     @property
     def pending(self) -> int:
@@ -99,10 +103,11 @@ class Connection:
     def serve(self) -> None:
         """Reader thread body: read, decode and admit until EOF, error or shutdown."""
         try:
-            fatal = self._read_loop()
-            self._wait_for_pending()
-            if fatal:
+            if self._read_loop():  # fatal: flush the error reply only, then linger
+                self.flush(self.server.send_timeout_s)
                 self._linger()
+            else:
+                self._wait_for_pending()
         except Exception:  # noqa: BLE001 - a broken connection never takes the server down
             log.exception("connection %s failed", self.peer)
         finally:
@@ -118,7 +123,7 @@ class Connection:
             if (timeout := self._await_data()) is not None:
                 log.info("connection %s: %s; closing", self.peer, timeout.message)
                 self.server.stats.count_event(timeout.code)
-                self.send(error_reply(None, timeout))
+                self.send(error_reply(None, timeout), final=True)
                 return True
             try:
                 data = self.sock.recv(65536)
@@ -136,7 +141,7 @@ class Connection:
             except ProtocolError as exc:
                 log.info("connection %s: %s; closing", self.peer, exc)
                 self.server.stats.count("frame", exc.code)
-                self.send(error_reply(None, exc))
+                self.send(error_reply(None, exc), final=True)
                 return True
             if not data:
                 return False
@@ -164,11 +169,16 @@ class Connection:
         """Block until bytes (or EOF) can be read; the timeout error if one ran out first."""
         while True:
             with self._cond:
+                blocked = time.monotonic()
                 self._cond.wait_for(lambda: len(self._outbox) < OUTBOX_HIGH_WATER
                                     or not self._open)  # the client must read to be read
+                self._frame_started += time.monotonic() - blocked  # our wait, not the client's
             now = time.monotonic()
             until, error = self._read_deadline(now)
-            wait_ms = None if until is None else max(0, int((until - now) * 1000) + 1)
+            # capped: a huge timeout must not overflow poll, and a busy connection's idle clock
+            # restarts at its last reply, which does not wake the poll
+            wait_ms = None if until is None else max(0, min(int((until - now) * 1000) + 1,
+                                                            POLL_MAX_MS))
             if self._poll.poll(wait_ms) or not self._open:
                 return None
             if error is not None and time.monotonic() >= until:  # type: ignore[operator]
@@ -183,7 +193,7 @@ class Connection:
         if idle_s <= 0:
             return None, None
         if self._pending or self._outbox or self._writing:
-            return now + idle_s, None  # not idle: the client awaits replies; look again later
+            return now + min(idle_s, 1.0), None  # not idle: replies are owed; look again soon
         return self._last_activity + idle_s, IdleTimeout(
             f"no request for {idle_s:g} s (idle_timeout)")
 
@@ -222,19 +232,31 @@ class Connection:
     def reply(self, request_id: int, result: dict[str, Any] | None,
               error: ServerError | None) -> None:
         """Responder for one admitted request (called from a session thread; never blocks)."""
-        message = ok_reply(request_id, result or {}) if error is None else error_reply(request_id, error)
-        self.send(message)
-        with self._cond:
-            self._pending -= 1
-            self._last_activity = time.monotonic()
-            self._cond.notify_all()
+        try:
+            message = ok_reply(request_id, result or {}) if error is None else \
+                error_reply(request_id, error)
+            self.send(message)
+        finally:  # whatever happened, this request is no longer owed
+            with self._cond:
+                self._pending -= 1
+                self._last_activity = time.monotonic()
+                self._cond.notify_all()
 
-    def send(self, message: dict[str, Any]) -> bool:
-        """Queue one frame for the client without blocking; False if the connection is closed."""
+    def send(self, message: dict[str, Any], final: bool = False) -> bool:
+        """Send one frame, or queue it for the writer, without blocking.
+
+        Args:
+            message: The reply.
+            final: This is a fatal error reply: nothing is sent after it.
+
+        Returns:
+            False if the connection is closed or ending (the frame is dropped).
+        """
         frame = encode_frame(message)
         with self._cond:
-            if not self._open:
+            if not self._open or self._ending:
                 return False
+            self._ending = final
             if not self._outbox and not self._writing:
                 try:  # the usual case: the socket buffer takes the whole frame now
                     frame = frame[self.sock.send(frame, socket.MSG_DONTWAIT):]
@@ -247,12 +269,22 @@ class Connection:
                 if not frame:
                     return True
             self._outbox += frame
-            if self._writer is None:
-                self._writer = threading.Thread(target=self._write_loop, daemon=True,
-                                                name=f"writer-{self.peer}")
-                self._writer.start()
+            if self._writer is None and not self._start_writer():
+                return False
             self._cond.notify_all()
             return True
+
+    def _start_writer(self) -> bool:
+        """Start the writer thread (lock held); on failure (no threads left) close."""
+        writer = threading.Thread(target=self._write_loop, daemon=True, name=f"writer-{self.peer}")
+        try:
+            writer.start()
+        except RuntimeError as exc:
+            log.error("connection %s: cannot start a writer (%s); closing", self.peer, exc)
+            self._close_locked()
+            return False
+        self._writer = writer  # published only once started: serve() joins it
+        return True
 
     def _write_loop(self) -> None:
         """Writer thread body: flush the outbox, blocking (up to the send timeout) per write."""
@@ -276,6 +308,16 @@ class Connection:
                     self.server.stats.count_event("send_timeout")
                     self._close_locked()
                     return
+
+    def flush(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until every queued reply has been handed to the socket.
+
+        Returns:
+            True if nothing is left to send.
+        """
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._open or (
+                not self._outbox and not self._writing), timeout) and self._open
 
     def _wait_for_pending(self) -> None:
         with self._cond:
@@ -351,7 +393,11 @@ class Listener(threading.Thread):
                 except OSError as exc:  # e.g. EMFILE: log, keep serving the others
                     log.warning("accept failed: %s", exc)
                     continue
-                self.on_accept(client, peer)
+                try:
+                    self.on_accept(client, peer)
+                except Exception:  # noqa: BLE001 - one connection never stops the listener
+                    log.exception("could not take connection %s", peer)
+                    client.close()
 
     def stop(self) -> None:
         """Stop accepting and close the listening socket."""
