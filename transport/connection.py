@@ -1,4 +1,4 @@
-"""Socket I/O for the framed protocol: the accept loop and one reader/writer per connection.
+"""Socket I/O for the framed protocol: one reader (and, when needed, one writer) per connection.
 
 The wire format itself lives in protocol/ (sans-IO); this package only moves its bytes. What to do
 with an admitted request is the server's business: a connection calls ``server.admit(...)``,
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import select
-import selectors
 import socket
 import struct
 import threading
@@ -341,19 +340,6 @@ class Connection:
         self._cond.notify_all()
 
 
-def refuse(sock: socket.socket, error: ServerError) -> None:
-    """Answer a connection we will not serve with one error reply, then close it; never blocks."""
-    try:
-        sock.send(encode_frame(error_reply(None, error)), socket.MSG_DONTWAIT)
-        sock.shutdown(socket.SHUT_WR)
-        sock.setblocking(False)
-        sock.recv(65536)  # drop what the client already sent, so closing does not reset
-    except OSError:
-        pass
-    finally:
-        sock.close()
-
-
 def _op_name(message: Any) -> str:
     """The request's op for counting: a known op's name, else "invalid"."""
     op = message.get("op") if isinstance(message, dict) else None
@@ -368,41 +354,3 @@ def _set_send_timeout(sock: socket.socket, seconds: float) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
     except OSError:
         log.debug("SO_SNDTIMEO not supported here")
-
-
-class Listener(threading.Thread):
-    """Accepts connections until stopped; blocks in a selector, woken by a socket pair to stop."""
-
-    def __init__(self, sock: socket.socket, on_accept: Callable[[socket.socket, Any], None]) -> None:
-        super().__init__(name="listener", daemon=True)
-        self.sock = sock
-        self.on_accept = on_accept
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(sock, selectors.EVENT_READ)
-        self._selector.register(self._wake_r, selectors.EVENT_READ)
-
-    def run(self) -> None:
-        """Accept loop."""
-        while True:
-            for key, _ in self._selector.select():
-                if key.fileobj is self._wake_r:
-                    return
-                try:
-                    client, peer = self.sock.accept()
-                except OSError as exc:  # e.g. EMFILE: log, keep serving the others
-                    log.warning("accept failed: %s", exc)
-                    continue
-                try:
-                    self.on_accept(client, peer)
-                except Exception:  # noqa: BLE001 - one connection never stops the listener
-                    log.exception("could not take connection %s", peer)
-                    client.close()
-
-    def stop(self) -> None:
-        """Stop accepting and close the listening socket."""
-        self._wake_w.send(b"x")
-        self.join()
-        self._selector.close()
-        for s in (self.sock, self._wake_r, self._wake_w):
-            s.close()
