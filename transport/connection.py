@@ -181,20 +181,25 @@ class Connection:
             if self._poll.poll(wait_ms) or not self._open:
                 return None
             if error is not None and time.monotonic() >= until:  # type: ignore[operator]
-                return error
+                return self._timeout_error(error)
 
-    def _read_deadline(self, now: float) -> tuple[float | None, ServerError | None]:
-        """When to give up waiting for bytes, and the error to send then (None: look again)."""
+    def _read_deadline(self, now: float) -> tuple[float | None, type[ServerError] | None]:
+        """When to give up waiting for bytes, and the kind of error to send then (None: look
+        again). Only the kind: the error itself is built only if it fires, not on every read."""
         frame_s, idle_s = self.server.frame_timeout_s, self.server.idle_timeout_s
         if self.decoder.buffered and frame_s > 0:
-            return self._frame_started + frame_s, FrameTimeout(
-                f"frame not completed within {frame_s:g} s (frame_timeout)")
+            return self._frame_started + frame_s, FrameTimeout
         if idle_s <= 0:
             return None, None
         if self._pending or self._outbox or self._writing:
             return now + min(idle_s, 1.0), None  # not idle: replies are owed; look again soon
-        return self._last_activity + idle_s, IdleTimeout(
-            f"no request for {idle_s:g} s (idle_timeout)")
+        return self._last_activity + idle_s, IdleTimeout
+
+    def _timeout_error(self, kind: type[ServerError]) -> ServerError:
+        if kind is FrameTimeout:
+            seconds = self.server.frame_timeout_s
+            return FrameTimeout(f"frame not completed within {seconds:g} s (frame_timeout)")
+        return IdleTimeout(f"no request for {self.server.idle_timeout_s:g} s (idle_timeout)")
 
     def handle(self, message: Any) -> None:
         """Validate one decoded request and answer it or admit it to the work queue."""
