@@ -93,8 +93,8 @@ class SessionPool:
                           session.name)
                 return
             index = session.index
-            if session.crash is not None:
-                self._failures[index] = 0  # it had loaded and served: start afresh, at once
+            if session.crash is not None:  # it had loaded (the only way a loaded one stops)
+                self._failures[index] = 0  # so replace it at once, and back off afresh
             delay = BACKOFF_S[min(self._failures[index], len(BACKOFF_S) - 1)]
             self._failures[index] += 1
             self.restarts += 1
@@ -115,16 +115,7 @@ class SessionPool:
                 return
             session = self._build(index, initial=False)
             self.sessions[index] = session
-            session.start()
-        threading.Thread(target=self._report_ready, args=(session,), daemon=True,
-                         name=f"watch-{session.name}").start()
-
-    def _report_ready(self, session: InferenceSession) -> None:
-        session.ready.wait()
-        if session.load_error is None:
-            with self._lock:
-                self._failures[session.index] = 0
-            log.info("%s replaced: engine loaded, serving again", session.name)
+            session.start()  # it logs when its engine is loaded and serving
 
     def join(self, timeout: float) -> bool:
         """Wait for every session to drain the closed queue and stop; then replace no more.

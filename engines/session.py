@@ -88,6 +88,7 @@ class InferenceSession(threading.Thread):
                 self.on_exit(self)
             return
         self.ready.set()
+        log.info("%s: engine loaded and warmed up; serving", self.name)
         try:
             self._serve()
         finally:
