@@ -375,10 +375,10 @@ class InferenceServer:
         def left() -> float:
             return max(0.0, deadline - time.monotonic())
 
-        for conn in connections:
-            conn.flush(left())  # replies computed but not yet taken by a slow client's socket
-        for conn in connections:
-            conn.close()
+        for conn in connections:  # replies computed but not yet taken by a slow client's socket
+            conn.finish_sending(left())
+        for conn in connections:  # closing before the client has them all could destroy them
+            conn.close_once_delivered(left())
         for conn in connections:
             conn.thread.join(left())
         if self._reaper.is_alive():

@@ -38,14 +38,19 @@ class RawConnection:
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)
 
-    def recv_message(self) -> dict[str, Any] | None:
-        """The next reply, or None once the server closed the connection."""
+    def recv_message(self, pace_s: float = 0.0) -> dict[str, Any] | None:
+        """The next reply, or None once the server closed the connection.
+
+        Args:
+            pace_s: Sleep this long before each read, to be a client that reads slowly.
+        """
         while True:
             message = self.decoder.next_message()
             if message is not None:
                 return message
             if self.decoder.closed:
                 return None
+            time.sleep(pace_s)
             self.decoder.receive_data(self.sock.recv(65536))
 
     def recv_replies(self, count: int) -> dict[int, dict[str, Any]]:

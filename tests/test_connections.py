@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,7 @@ from engines import load_engine
 from protocol import encode_frame, qa_request
 from server import InferenceServer, ServerConfig
 from tests.helpers import CONTEXTS, QUESTIONS, GatedEngine, RawConnection, header, wait_until
+from transport.closing import delivered, unacknowledged_bytes
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +124,22 @@ def test_beyond_max_connections_a_new_connection_is_refused_with_an_error_and_cl
             assert again.ping(timeout=10)["pong"] is True
         for client in clients:
             client.close()
+
+
+def test_a_closing_socket_knows_when_the_peer_has_received_everything_sent() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server_side, _ = listener.accept()
+    server_side.setblocking(False)
+    sent = 0
+    with contextlib.suppress(BlockingIOError):  # fill every buffer: the client does not read
+        while True:
+            sent += server_side.send(b"x" * 65536)
+    assert not delivered(server_side)
+    assert (unacknowledged_bytes(server_side) or 0) > 0
+    received = 0
+    while received < sent:
+        received += len(client.recv(1 << 20))
+    wait_until(lambda: delivered(server_side))
+    for s in (client, server_side, listener):
+        s.close()

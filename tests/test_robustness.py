@@ -291,8 +291,17 @@ def test_shutdown_delivers_replies_still_waiting_for_a_slow_clients_socket(
     slow = RawConnection(srv.address)
     slow.send_raw(frames(*(qa(rid) for rid in range(50))))
     wait_until(lambda: srv.stats.admitted == 50)
-    writer = threading.Thread(target=slow.send_raw, daemon=True,
-                              args=(frames(*({"id": 1000 + i, "op": "stats"} for i in range(6000))),))
+    done = threading.Event()
+
+    def keep_sending() -> None:  # a client that sends on and on: unread input at any close
+        burst = frames(*({"id": 1000 + i, "op": "stats"} for i in range(100)))
+        try:
+            while not done.is_set():
+                slow.send_raw(burst)
+        except OSError:
+            pass  # the server closed after this client had every reply
+
+    writer = threading.Thread(target=keep_sending, daemon=True)
     writer.start()
     (conn,) = srv.connections
     wait_until(lambda: conn._writer is not None)  # its socket is full: replies wait in the outbox
@@ -302,9 +311,12 @@ def test_shutdown_delivers_replies_still_waiting_for_a_slow_clients_socket(
     engine.gate.set()  # the 50 answers go behind the stats replies, into the outbox
     wait_until(lambda: not any(s.is_alive() for s in srv.pool.sessions))
     ids = set()
-    while (reply := slow.recv_message()) is not None:  # read at last, while shutting down
+    # read at last, while shutting down, and slowly: the server must not close (and reset the
+    # connection, destroying replies in flight) before this client has received every reply
+    while (reply := slow.recv_message(pace_s=0.002)) is not None:
         ids.add(reply["id"])
     assert set(range(50)) <= ids  # none dropped at close
+    done.set()
     stopper.join(60)
     assert not stopper.is_alive()
     writer.join(30)

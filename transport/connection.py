@@ -22,6 +22,7 @@ from protocol import FrameDecoder, encode_frame, error_reply, ok_reply, parse_re
 from protocol.errors import FrameTimeout, IdleTimeout, InternalError, ProtocolError, ServerError
 from protocol.messages import REQUEST_PARSERS, QARequest, Request
 from telemetry.stats import ServerStats
+from transport.closing import DELIVERY_POLL_S, delivered, shut_write
 
 log = logging.getLogger("server.transport")
 
@@ -64,7 +65,9 @@ class Connection:
 
     The reader closes a connection that sent nothing and awaits nothing for ``idle_timeout_s``,
     and one whose frame takes longer than ``frame_timeout_s`` to arrive once begun. After the peer
-    half-closes, replies still in flight are delivered before the socket closes.
+    half-closes, replies still in flight are delivered before the socket closes. A connection
+    ended on purpose (a fatal error, the server's stop) shuts its write side first and closes only
+    once the client has received every reply (transport/closing.py).
     """
 
     def __init__(self, sock: socket.socket, peer: tuple[Any, ...], server: ServerHooks) -> None:
@@ -102,9 +105,9 @@ class Connection:
     def serve(self) -> None:
         """Reader thread body: read, decode and admit until EOF, error or shutdown."""
         try:
-            if self._read_loop():  # fatal: flush the error reply only, then linger
-                self.flush(self.server.send_timeout_s)
-                self._linger()
+            if self._read_loop():  # fatal: deliver the error reply only, then linger
+                if self.finish_sending(self.server.send_timeout_s):
+                    self._linger()
             else:
                 self._wait_for_pending()
         except Exception:  # noqa: BLE001 - a broken connection never takes the server down
@@ -129,6 +132,10 @@ class Connection:
             except OSError:  # reset: the client is gone, not half-closed; drop its queued work
                 self.close()
                 return False
+            if self._ending:  # finishing on the server's stop: input is only drained
+                if not data:
+                    return False
+                continue
             self._last_activity = time.monotonic()
             if not self.decoder.buffered:
                 self._frame_started = self._last_activity
@@ -147,22 +154,17 @@ class Connection:
         return False
 
     def _linger(self) -> None:
-        """After a fatal error reply: stop sending, and read and discard what the client still
-        sends for up to LINGER_S, so that closing does not reset the connection (which can
-        destroy the error reply before the client has read it)."""
-        try:
-            self.sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            return
+        """After a fatal error reply (its FIN already queued): read and discard what the client
+        still sends until it closes, has received everything, or LINGER_S passes, so that closing
+        does not reset the connection before the client has the reply (transport/closing.py)."""
         until = time.monotonic() + LINGER_S
-        while self._open and (left := until - time.monotonic()) > 0:
-            if not self._poll.poll(int(left * 1000) + 1):
-                return
-            try:
-                if not self.sock.recv(65536):
-                    return  # the client closed too: a clean close
-            except OSError:
-                return
+        while self._open and (left := until - time.monotonic()) > 0 and not delivered(self.sock):
+            if self._poll.poll(int(min(left, DELIVERY_POLL_S) * 1000) + 1):
+                try:
+                    if not self.sock.recv(65536):
+                        return  # the client closed too: a clean close
+                except OSError:
+                    return
 
     def _await_data(self) -> ServerError | None:
         """Block until bytes (or EOF) can be read; the timeout error if one ran out first."""
@@ -313,15 +315,28 @@ class Connection:
                     self._close_locked()
                     return
 
-    def flush(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds until every queued reply has been handed to the socket.
+    def finish_sending(self, timeout: float) -> bool:
+        """Send nothing more: wait up to ``timeout`` seconds until every queued reply is handed to
+        the socket, then queue a FIN behind them. Input is drained, no longer handled, from now on.
 
         Returns:
-            True if nothing is left to send.
+            True if every queued reply went out and the FIN is queued.
         """
         with self._cond:
-            return self._cond.wait_for(lambda: not self._open or (
+            self._ending = True
+            flushed = self._cond.wait_for(lambda: not self._open or (
                 not self._outbox and not self._writing), timeout) and self._open
+            return flushed and shut_write(self.sock)
+
+    def close_once_delivered(self, timeout: float) -> None:
+        """Close once the client has acknowledged every byte sent, or after ``timeout`` seconds
+        (closing earlier could reset the connection and destroy replies still in flight)."""
+        until = time.monotonic() + timeout
+        with self._cond:  # the reader closes the descriptor only after _open turns False
+            while self._open and not delivered(self.sock) and (
+                    left := until - time.monotonic()) > 0:
+                self._cond.wait(min(left, DELIVERY_POLL_S))
+            self._close_locked()
 
     def _wait_for_pending(self) -> None:
         with self._cond:

@@ -1,0 +1,47 @@
+"""How a TCP socket is closed without destroying replies the client has not yet received.
+
+Closing a socket whose receive buffer still holds unread client bytes makes the kernel send a
+reset instead of a FIN, and a reset throws away whatever the socket had sent but the client had
+not yet acknowledged. A server that stops while a client is still sending (a pipelining client,
+or one whose stream went on past a bad frame) would lose its last replies that way. So a
+connection that ends on purpose first shuts its write side (a FIN queued behind the replies),
+keeps discarding input, and closes only once the client has acknowledged everything sent.
+"""
+
+from __future__ import annotations
+
+import array
+import fcntl
+import socket
+import termios
+
+#: Seconds between looks at a closing socket's unacknowledged bytes.
+DELIVERY_POLL_S = 0.01
+
+
+def unacknowledged_bytes(sock: socket.socket) -> int | None:
+    """Bytes written to ``sock`` that the peer has not acknowledged yet (Linux SIOCOUTQ).
+
+    Returns:
+        The count, or None where the platform cannot tell (then callers wait for EOF or time).
+    """
+    buf = array.array("i", [0])
+    try:
+        fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, buf, True)
+    except (OSError, ValueError):
+        return None
+    return buf[0]
+
+
+def delivered(sock: socket.socket) -> bool:
+    """True once the peer has acknowledged every byte sent (known only where SIOCOUTQ works)."""
+    return unacknowledged_bytes(sock) == 0
+
+
+def shut_write(sock: socket.socket) -> bool:
+    """Queue a FIN behind everything sent so far. Returns False if the socket is already gone."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        return False
+    return True
