@@ -43,7 +43,7 @@ from protocol import DEFAULT_MAX_FRAME_SIZE
 from protocol.errors import BadRequest, ServerError, ShuttingDown, TooManyConnections
 from protocol.messages import FieldLimits, PingRequest, QARequest, Request, StatsRequest
 from telemetry.stats import ServerStats
-from transport import Connection, Listener, refuse
+from transport import BindError, Connection, Listener, bind_socket, refuse
 
 log = logging.getLogger("server")
 
@@ -97,7 +97,7 @@ class ServerConfig:
     shutdown_timeout_s: float = option(30.0, "seconds to finish admitted work on stop",
                                        flag="--shutdown_timeout")
     metrics_port: int | None = option(None, "serve Prometheus metrics at "
-                                      "http://HOST:PORT/metrics (default: off)")
+                                      "http://HOST:PORT/metrics")
     metrics_host: str = option("127.0.0.1", "address for --metrics_port")
 
     def engine_threads(self) -> int:
@@ -159,34 +159,56 @@ class InferenceServer:
         self._listener: Listener | None = None
         self._reaper = DeadlineReaper(self.queue)
         self._draining = False
+        self._started = False  # start() completed: the server served
 
     # -- start -------------------------------------------------------------------------------
     def start(self) -> None:
-        """Load the model into every session, then bind and start accepting.
+        """Bind the address, load the model into every session, then listen and accept.
+
+        The address is bound first, so that a busy port fails at once, not after the model has
+        loaded. A start that fails releases whatever it had started before raising.
 
         Raises:
+            BindError: the address (or the metrics port) cannot be bound: taken, privileged,
+                not this machine's.
             ModelDirError: no prepared model in ``model_dir``.
             RuntimeError: a session failed to load its engine.
         """
         cfg = self.config
+        self._listener = Listener(bind_socket(cfg.host, cfg.port), self._accept)
+        try:
+            if cfg.metrics_port is not None:  # a port too: fail early; scrapes show the loading
+                self._start_metrics(cfg.metrics_host, cfg.metrics_port)
+            self._load()
+            self._listener.start()
+        except BaseException:
+            self._stop(timeout=5)
+            raise
+        self._started = True
+        self._log_serving()
+
+    def _load(self) -> None:
+        """Read the model folder, build the QA task and start the warmed-up sessions."""
+        cfg = self.config
         self.info = load_model_info(cfg.model_dir)
+        log.info("loading %s into %d %s sessions (address %s:%d bound; accepting once loaded)",
+                 self.info.model_name, cfg.num_inference_sessions, cfg.inference_engine_type,
+                 *self.address)
         if not self.info.meaningful:
             log.warning("%s", self.info.warning)
         self.task = QATask.from_dir(cfg.model_dir, self._qa_config(self.info),
                                     input_names=self.info.input_names)
         self._start_sessions()
         self._reaper.start()
-        sock = socket.create_server((cfg.host, cfg.port), backlog=512)
-        self._listener = Listener(sock, self._accept)
-        self._listener.start()
-        if cfg.metrics_port is not None:
-            self._start_metrics(cfg.metrics_host, cfg.metrics_port)
-        self._log_serving()
 
     def _start_metrics(self, host: str, port: int) -> None:
         from telemetry.prometheus import serve_metrics
 
-        self._metrics_httpd = serve_metrics(self, host, port)
+        try:
+            self._metrics_httpd = serve_metrics(self, host, port)
+        except OSError as exc:
+            raise BindError(exc.errno, f"cannot serve metrics on {host}:{port} (--metrics_port): "
+                            f"{exc.strerror}") from exc
         self.metrics_address = self._metrics_httpd.server_address[:2]
         log.info("Prometheus metrics on http://%s:%d/metrics", *self.metrics_address)
 
@@ -239,8 +261,9 @@ class InferenceServer:
                  cfg.frame_timeout_s, cfg.max_frame_size, cfg.max_question_chars,
                  cfg.max_context_chars)
         if cfg.batching == "auto":
+            table = self.policy.cost.table() if self.policy.cost else {}
             log.info("batch cost model after warm-up (ms per batch, ROWSxLENGTH): %s",
-                     self.policy.cost.table() if self.policy.cost else {})
+                     ", ".join(f"{shape} {ms:.1f}" for shape, ms in table.items()))
         log.info("serving on %s:%d%s", host, port,
                  "" if host != "127.0.0.1" else " (local only; --host 0.0.0.0 to serve other machines)")
 
@@ -359,6 +382,13 @@ class InferenceServer:
             True if every admitted request was run within ``timeout``.
         """
         timeout = self.config.shutdown_timeout_s if timeout is None else timeout
+        drained = self._stop(timeout)
+        if self._started:
+            log.info("stopped (%s)", "all admitted requests answered" if drained else "timed out")
+        return drained
+
+    def _stop(self, timeout: float) -> bool:
+        """Stop whatever has been started, in shutdown order; True if everything drained."""
         deadline = time.monotonic() + timeout
         if self._listener is not None:
             self._listener.stop()  # first stop accepting, then refuse new requests
@@ -386,7 +416,6 @@ class InferenceServer:
         if self._metrics_httpd is not None:
             self._metrics_httpd.shutdown()
             self._metrics_httpd.server_close()
-        log.info("stopped (%s)", "all admitted requests answered" if drained else "timed out")
         return drained
 
     def __enter__(self) -> InferenceServer:
@@ -405,10 +434,12 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in fields(ServerConfig):
         meta = f.metadata
+        shown = "off" if f.default is None else f.default
         p.add_argument(meta["flag"] or f"--{f.name}", dest=f.name, type=_TYPES[str(f.type)],
                        default=f.default, choices=meta["choices"],
-                       help=f"{meta['help']} (default: {f.default})")
-    p.add_argument("--log_level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+                       help=f"{meta['help']} (default: {shown})")
+    p.add_argument("--log_level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="log detail (default: INFO)")
     args = vars(p.parse_args(argv))
     logging.basicConfig(level=args.pop("log_level"),
                         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
@@ -436,8 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.start()
     except Exception as exc:  # noqa: BLE001 - any start failure is exit status 2, logged
-        log.error("cannot start: %s: %s", type(exc).__name__, exc)
-        server.shutdown(timeout=5)
+        log.error("cannot start: %s", exc if isinstance(exc, BindError) else
+                  f"{type(exc).__name__}: {exc}")
         return 2
     stop.wait()
     return 0 if server.shutdown() else 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -15,7 +16,9 @@ import pytest
 
 from client import Client, ConnectionLost
 from protocol import ShuttingDown, encode_frame, qa_request
+from server import InferenceServer, ServerConfig
 from tests.helpers import CONTEXTS, QUESTIONS, RawConnection
+from transport import BindError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,6 +72,41 @@ def test_missing_model_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "prepare_model.py" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_missing_model_does_not_log_a_stop_it_never_started(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "server.py", "--port", "0",
+                           "--model_dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "cannot start" in done.stderr
+    assert "stopped" not in done.stderr and "serving on" not in done.stderr
+
+
+def test_a_busy_port_fails_before_the_model_is_loaded(tiny_model_dir: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "server.py", "--port", str(port),
+                               "--model_dir", str(tiny_model_dir)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "in use" in done.stderr and "--port" in done.stderr  # what, and what to do
+    # the order proves the speed: nothing was loaded, nothing said it serves or stopped
+    assert "loading" not in done.stderr and "NOT MEANINGFUL" not in done.stderr
+    assert "serving" not in done.stderr and "stopped" not in done.stderr  # nor "...; serving"
+
+
+def test_a_busy_metrics_port_also_fails_before_the_model_is_loaded(tiny_model_dir: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        config = ServerConfig(port=0, model_dir=str(tiny_model_dir), metrics_port=port)
+        server = InferenceServer(config)
+        with pytest.raises(BindError, match="--metrics_port"):
+            server.start()
+    assert server.pool is None and server.task is None  # it failed before loading anything
+    with socket.create_server(("127.0.0.1", 0)):  # and released what it had bound
+        pass
+    assert server._listener is not None and server._listener.sock.fileno() == -1
 
 
 def test_logs_say_what_serves_where_and_warn_about_meaningless_models(tiny_model_dir: Path) -> None:

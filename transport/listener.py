@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import selectors
 import socket
@@ -15,8 +16,51 @@ from protocol.errors import ServerError
 log = logging.getLogger("server.transport")
 
 
+#: Connections the kernel holds for us before accept.
+BACKLOG = 512
+
+_BIND_HINTS = {
+    errno.EADDRINUSE: "another process is listening there (another server.py?); stop it or "
+                      "pick another --port",
+    errno.EACCES: "ports below 1024 need privileges; pick another --port",
+    errno.EADDRNOTAVAIL: "no interface of this machine has that address; check --host",
+}
+
+
+class BindError(OSError):
+    """The server cannot have the address it was asked to listen on."""
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``(host, port)`` and not listening yet, so that a busy port fails
+    at once, before any model is loaded; ``Listener.start`` listens.
+
+    Raises:
+        BindError: the address is taken, privileged or not this machine's, with a hint.
+    """
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                      flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise BindError(f"cannot resolve --host {host!r}: {exc}") from exc
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        hint = _BIND_HINTS.get(exc.errno or 0, "")
+        raise BindError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}"
+                        + (f" ({hint})" if hint else "")) from exc
+    return sock
+
+
 class Listener(threading.Thread):
-    """Accepts connections until stopped; blocks in a selector, woken by a socket pair to stop."""
+    """Accepts connections until stopped; blocks in a selector, woken by a socket pair to stop.
+
+    Built on a bound socket (``bind_socket``); it listens only once started, so connections are
+    refused, not left waiting, while the server loads.
+    """
 
     def __init__(self, sock: socket.socket, on_accept: Callable[[socket.socket, Any], None]) -> None:
         super().__init__(name="listener", daemon=True)
@@ -26,6 +70,11 @@ class Listener(threading.Thread):
         self._selector = selectors.DefaultSelector()
         self._selector.register(sock, selectors.EVENT_READ)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
+
+    def start(self) -> None:
+        """Listen, then accept in this thread."""
+        self.sock.listen(BACKLOG)
+        super().start()
 
     def run(self) -> None:
         """Accept loop."""
@@ -45,9 +94,10 @@ class Listener(threading.Thread):
                     client.close()
 
     def stop(self) -> None:
-        """Stop accepting and close the listening socket."""
-        self._wake_w.send(b"x")
-        self.join()
+        """Stop accepting (if started) and close the listening socket."""
+        if self.is_alive():
+            self._wake_w.send(b"x")
+            self.join()
         self._selector.close()
         for s in (self.sock, self._wake_r, self._wake_w):
             s.close()
