@@ -1,6 +1,7 @@
 """Client for the QA inference server: a library (``Client``) and an interactive REPL.
 
     python client.py                                   # REPL against 127.0.0.1:9999
+    python client.py --context_file article.txt        # REPL, starting with that text
     python client.py --question "Who?" --context "Bob went home."
 
 Library use::
@@ -21,8 +22,10 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout  # the builtin from 3.11
+from pathlib import Path
 from typing import Any
 
+from console.text_input import read_text
 from protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     FrameDecoder,
@@ -202,31 +205,67 @@ def print_answer(result: dict[str, Any], elapsed_ms: float) -> None:
           f"latency: {elapsed_ms:.1f} ms")
 
 
-def repl(client: Client) -> None:
-    """Ask for a text, then answer questions about it until EOF (Ctrl+D).
+REPL_HELP = ("Paste or type a text, then press Enter on an empty line; ask questions about it, one "
+             "per line.\nAn empty question asks for a new text. Ctrl+D quits.")
+TEXT_PROMPT = "\ntext (end with an empty line)> "
+QUESTION_PROMPT = "question (empty: new text)> "
 
-    An empty question asks for a new text.
+
+def model_warning(client: Client, timeout: float = 10.0) -> str | None:
+    """The server's warning if its model's answers are not meaningful (None if they are, or if
+    the server does not say)."""
+    try:
+        model = client.stats(timeout=timeout).get("model", {})
+    except (ServerError, ConnectionLost, FutureTimeout):
+        return None
+    if model.get("meaningful", True):
+        return None
+    return model.get("warning") or f"the answers of model {model.get('name')} are not meaningful"
+
+
+def shout(text: str, stream: Any = None) -> None:
+    """Print a notice nobody can miss."""
+    bar = "!" * 80
+    print(f"{bar}\n{text}\n{bar}", file=stream or sys.stdout, flush=True)
+
+
+def repl(client: Client, context: str | None = None) -> None:
+    """Ask for a text, then answer questions about it until EOF (Ctrl+D) or Ctrl+C.
+
+    Args:
+        client: The connection to use (replaced by a fresh one if the server closes it).
+        context: The first text, if already known (``--context`` or ``--context_file``).
     """
     print(f"connected to {client.address[0]}:{client.address[1]} ({client.ping()})")
-    while True:
-        try:
-            context = input("\ntext> ").strip()
-            if not context:
+    if warning := model_warning(client):
+        shout(warning)
+    print(REPL_HELP)
+    try:
+        while True:
+            text, context = context or read_text(TEXT_PROMPT), None
+            if not text:
+                print("  (empty text: paste or type a text, then press Enter on an empty line; "
+                      "Ctrl+D quits)")
                 continue
-            while question := input("question> ").strip():
-                started = time.perf_counter()
-                try:
-                    client, result = ask(client, question, context)
-                except ServerError as exc:
-                    print(f"  error [{exc.code}]: {exc.message}")
-                    continue
-                print_answer(result, (time.perf_counter() - started) * 1000)
-        except (EOFError, KeyboardInterrupt):
-            print()
-            return
-        except OSError as exc:
-            print(f"connection to {client.address[0]}:{client.address[1]} lost: {exc}")
-            return
+            print(f"  ({len(text):,} characters)")
+            client = answer_questions(client, text)
+    except (EOFError, KeyboardInterrupt):
+        print()
+    except OSError as exc:
+        print(f"connection to {client.address[0]}:{client.address[1]} lost: {exc}")
+
+
+def answer_questions(client: Client, text: str) -> Client:
+    """Answer questions about ``text`` until an empty one; returns the client in use."""
+    while question := input(QUESTION_PROMPT).strip():
+        started = time.perf_counter()
+        try:
+            client, result = ask(client, question, text)
+        except ServerError as exc:
+            print(f"  error [{exc.code}]: {exc.message}")
+            continue
+        print_answer(result, (time.perf_counter() - started) * 1000)
+    return client
 
 
 def ask(client: Client, question: str, context: str) -> tuple[Client, dict[str, Any]]:
@@ -251,19 +290,50 @@ def probe(client: Client, timeout: float) -> int:
     return 0 if result.get("ready") else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; returns the exit status."""
-    p = argparse.ArgumentParser(description="Ask the QA inference server questions.")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=9999)
-    p.add_argument("--question", help="answer this once and exit (needs --context)")
-    p.add_argument("--context", help="the text the question is about")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for an answer")
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options; the context comes back in ``args.context`` whichever flag gave it."""
+    p = argparse.ArgumentParser(
+        description="Ask the QA inference server questions. Without --question it starts the "
+        "interactive REPL: paste or type a text, then ask questions about it.")
+    p.add_argument("--host", default="127.0.0.1", help="the server's address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=9999, help="the server's port (default: 9999)")
+    p.add_argument("--question", help="answer this once and exit (needs --context or "
+                   "--context_file); without it, the REPL runs")
+    text = p.add_mutually_exclusive_group()
+    text.add_argument("--context", help="the text the question is about (REPL: the first text)")
+    text.add_argument("--context_file", help="read the text from this UTF-8 file, any length")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds to wait for an answer (default: 60)")
     p.add_argument("--ready", action="store_true",
                    help="health probe: exit 0 if the server is ready, 1 if not, 2 if unreachable")
     args = p.parse_args(argv)
-    if (args.question is None) != (args.context is None):
-        p.error("--question and --context go together")
+    if args.context_file is not None:
+        try:
+            args.context = Path(args.context_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            p.error(f"cannot read --context_file: {exc}")
+    if args.question is not None and args.context is None:
+        p.error("--question needs --context or --context_file")
+    return args
+
+
+def one_shot(client: Client, question: str, context: str, timeout: float) -> int:
+    """Answer one question and print it; returns the exit status."""
+    if warning := model_warning(client, timeout):
+        shout(warning, sys.stderr)
+    started = time.perf_counter()
+    try:
+        result = client.answer(question, context, timeout=timeout)
+    except ServerError as exc:
+        print(f"error [{exc.code}]: {exc.message}", file=sys.stderr)
+        return 1
+    print_answer(result, (time.perf_counter() - started) * 1000)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit status."""
+    args = parse_args(argv)
     try:
         client = Client(args.host, args.port)
     except OSError as exc:
@@ -273,16 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.ready:
             return probe(client, args.timeout)
         if args.question is None:
-            repl(client)
+            repl(client, args.context)
             return 0
-        started = time.perf_counter()
-        try:
-            result = client.answer(args.question, args.context, timeout=args.timeout)
-        except ServerError as exc:
-            print(f"error [{exc.code}]: {exc.message}", file=sys.stderr)
-            return 1
-        print_answer(result, (time.perf_counter() - started) * 1000)
-    return 0
+        return one_shot(client, args.question, args.context, args.timeout)
 
 
 if __name__ == "__main__":

@@ -352,6 +352,8 @@ class InferenceServer:
         if self.info is not None:
             result["model"] = {"name": self.info.model_name, "source": self.info.source,
                                "meaningful": self.info.meaningful}
+            if self.info.warning:
+                result["model"]["warning"] = self.info.warning
         result["batching"] = {"mode": self.config.batching, "max_batch_size": self.policy.cap,
                               "max_batch_tokens": self.config.max_batch_tokens,
                               "cost_model_ms": self.policy.cost.table() if self.policy.cost else {}}

@@ -1,0 +1,1 @@
+"""Terminal interaction for the interactive client (client.py's REPL)."""
