@@ -43,11 +43,28 @@ def test_pending_and_later_requests_fail_with_connection_lost_when_the_peer_clos
 
 def test_one_shot_cli_prints_the_answer_and_latency(server: InferenceServer) -> None:
     host, port = server.address
-    out = subprocess.run(
+    done = subprocess.run(
         [sys.executable, "client.py", "--host", host, "--port", str(port),
          "--question", QUESTIONS[4], "--context", CONTEXTS[4]],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True).stdout
-    assert "answer: " in out and "latency: " in out and " ms" in out
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    assert "answer: " in done.stdout and "latency: " in done.stdout and " ms" in done.stdout
+    assert done.stderr.count("NOT MEANINGFUL") == 1  # the tiny model's answers mean nothing
+
+
+def test_one_shot_reads_a_long_context_from_a_file(server: InferenceServer,
+                                                   tmp_path: Path) -> None:
+    host, port = server.address
+    article = tmp_path / "article.txt"
+    article.write_text("\n\n".join(CONTEXTS * 40), encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "client.py", "--host", host, "--port", str(port),
+         "--question", QUESTIONS[4], "--context_file", str(article)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "answer: " in done.stdout
+    missing = subprocess.run([sys.executable, "client.py", "--question", "Who?", "--context_file",
+                              str(tmp_path / "none.txt")], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == 2 and "cannot read --context_file" in missing.stderr
 
 
 def test_repl_asks_for_a_text_then_answers_questions(server: InferenceServer) -> None:
