@@ -297,6 +297,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "interactive REPL: paste or type a text, then ask questions about it.")
     p.add_argument("--host", default="127.0.0.1", help="the server's address (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=9999, help="the server's port (default: 9999)")
+    p.add_argument("--address_file", help="read the server's HOST:PORT from this file, written "
+                   "by server.py --address_file once it serves (instead of --host and --port)")
     p.add_argument("--question", help="answer this once and exit (needs --context or "
                    "--context_file); without it, the REPL runs")
     text = p.add_mutually_exclusive_group()
@@ -331,13 +333,29 @@ def one_shot(client: Client, question: str, context: str, timeout: float) -> int
     return 0
 
 
+def read_address_file(path: str) -> tuple[str, int]:
+    """(host, port) from a server's ``--address_file``; a wildcard host means this machine.
+
+    Raises:
+        OSError: no such file (the server is not serving), or it does not hold HOST:PORT.
+    """
+    text = Path(path).read_text(encoding="utf-8").strip()
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise OSError(f"{path} holds {text!r}, not HOST:PORT")
+    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host), int(port)
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
     args = parse_args(argv)
     try:
+        if args.address_file is not None:
+            args.host, args.port = read_address_file(args.address_file)
         client = Client(args.host, args.port)
     except OSError as exc:
-        print(f"cannot connect to {args.host}:{args.port}: {exc}", file=sys.stderr)
+        where = args.address_file or f"{args.host}:{args.port}"
+        print(f"cannot connect to {where}: {exc}", file=sys.stderr)
         return 2
     with client:
         if args.ready:

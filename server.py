@@ -11,7 +11,6 @@ See docs/architecture.md and docs/protocol.md.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -20,14 +19,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 from functools import partial
+from pathlib import Path
 from typing import Any
 
-from engines import ENGINE_TYPES, load_engine
+from engines import load_engine
 from engines.base import Engine
 from engines.batching import (
-    BATCHING_MODES,
     BatchPolicy,
     DeadlineReaper,
     Responder,
@@ -39,92 +38,13 @@ from engines.model_dir import ModelInfo, load_model_info
 from engines.qa import QAConfig, QATask
 from engines.pool import SessionPool
 from engines.session import InferenceSession
-from protocol import DEFAULT_MAX_FRAME_SIZE
 from protocol.errors import BadRequest, ServerError, ShuttingDown, TooManyConnections
-from protocol.messages import FieldLimits, PingRequest, QARequest, Request, StatsRequest
+from protocol.messages import PingRequest, QARequest, Request, StatsRequest
+from settings import ServerConfig, build_parser, config_from_args
 from telemetry.stats import ServerStats
 from transport import BindError, Connection, Listener, bind_socket, refuse
 
 log = logging.getLogger("server")
-
-
-def option(default: Any, help: str, *, flag: str | None = None,
-           choices: tuple[str, ...] | None = None) -> Any:
-    """A ServerConfig field and its command-line flag (``--NAME`` unless ``flag`` says else)."""
-    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
-
-
-@dataclass(kw_only=True)
-class ServerConfig:
-    """Every serving setting; each field is also the CLI flag of the same name (docs/operations.md)."""
-
-    host: str = option("127.0.0.1", "address to bind (0.0.0.0: all interfaces)")
-    port: int = option(9999, "TCP port (0: any free port)")
-    num_inference_sessions: int = option(2, "inference-session threads, each with its own engine")
-    inference_engine_type: str = option("onnx", "engine backend", choices=ENGINE_TYPES)
-    model_dir: str = option("saved_models", "folder written by prepare_model.py")
-    device: str = option("auto", "auto, cpu, cuda or cuda:N (auto: GPU if any)")
-    threads_per_session: int = option(0, "CPU threads per engine (0: cores divided among sessions)")
-    batching: str = option("auto", "auto: batch only as far as the measured cost says it pays; "
-                           "fixed: fill up to the caps; off: one request per batch",
-                           choices=BATCHING_MODES)
-    max_batch_size: int = option(32, "most requests a session runs as one batch")
-    max_batch_tokens: int = option(16384, "most rows x padded length in one batch (a larger "
-                                   "request runs alone)")
-    max_queue_delay_ms: float = option(2.0, "most a request waits for a bigger batch (only spent "
-                                       "when it can help)")
-    batch_lookahead: int = option(128, "waiting requests considered when forming a batch")
-    max_queue: int = option(1024, "requests waiting at most; more get 'overloaded' at once")
-    request_timeout_ms: float = option(30000.0, "default deadline of a request, from admission; "
-                                       "past it a queued request gets 'deadline_exceeded' and is "
-                                       "never run (0: none; a request's timeout_ms overrides)")
-    max_connections: int = option(1024, "concurrent connections; more get "
-                                  "'too_many_connections' and are closed")
-    idle_timeout_s: float = option(300.0, "close a connection that sent nothing and awaits no "
-                                   "reply for this many seconds (0: never)", flag="--idle_timeout")
-    frame_timeout_s: float = option(30.0, "seconds a frame may take to arrive once begun "
-                                    "(slowloris guard; 0: no limit)", flag="--frame_timeout")
-    max_frame_size: int = option(DEFAULT_MAX_FRAME_SIZE, "frame cap, bytes")
-    max_question_chars: int = option(1000, "longest question, characters (0: no cap)")
-    max_context_chars: int = option(100_000, "longest context, characters (0: no cap)")
-    send_timeout_s: float = option(30.0, "seconds replies may stay unsent to a client that does "
-                                   "not read before it is disconnected", flag="--send_timeout")
-    no_answer: str = option("auto", "SQuAD2 'no answer' (auto: on for SQuAD2 models)",
-                            choices=("auto", "on", "off"))
-    max_seq_len: int = option(384, "tokens per window (capped by the model)")
-    doc_stride: int = option(128, "tokens shared by neighbouring windows of a long context")
-    max_answer_len: int = option(15, "longest answer, tokens")
-    shutdown_timeout_s: float = option(30.0, "seconds to finish admitted work on stop",
-                                       flag="--shutdown_timeout")
-    metrics_port: int | None = option(None, "serve Prometheus metrics at "
-                                      "http://HOST:PORT/metrics")
-    metrics_host: str = option("127.0.0.1", "address for --metrics_port")
-
-    def engine_threads(self) -> int:
-        """Threads per engine: as configured, else the machine's cores shared among sessions."""
-        if self.threads_per_session > 0:
-            return self.threads_per_session
-        return max(1, (os.cpu_count() or 1) // max(1, self.num_inference_sessions))
-
-    def problems(self) -> list[str]:
-        """What is wrong with these settings (empty when they can serve)."""
-        at_least_one = ("num_inference_sessions", "max_batch_size", "batch_lookahead",
-                        "max_queue", "max_connections", "max_frame_size")
-        never_negative = ("threads_per_session", "max_batch_tokens", "max_queue_delay_ms",
-                          "request_timeout_ms", "idle_timeout_s", "frame_timeout_s",
-                          "max_question_chars", "max_context_chars", "shutdown_timeout_s")
-        flags = {f.name: f.metadata["flag"] or f"--{f.name}" for f in fields(self)}
-        return ([f"{flags[name]} must be at least 1" for name in at_least_one
-                 if getattr(self, name) < 1]
-                + [f"{flags[name]} must not be negative" for name in never_negative
-                   if getattr(self, name) < 0]
-                + ([] if self.send_timeout_s >= 0.001 else ["--send_timeout must be at least "
-                                                              "0.001 (0 would mean never)"]))
-
-    def limits(self) -> FieldLimits:
-        """The caps on request fields."""
-        return FieldLimits(max_question_chars=self.max_question_chars,
-                           max_context_chars=self.max_context_chars)
 
 
 class InferenceServer:
@@ -176,6 +96,7 @@ class InferenceServer:
         """
         cfg = self.config
         self._listener = Listener(bind_socket(cfg.host, cfg.port), self._accept)
+        self._publish_address(False)  # a file left by an earlier run must not say "up"
         try:
             if cfg.metrics_port is not None:  # a port too: fail early; scrapes show the loading
                 self._start_metrics(cfg.metrics_host, cfg.metrics_port)
@@ -185,7 +106,21 @@ class InferenceServer:
             self._stop(timeout=5)
             raise
         self._started = True
+        self._publish_address(True)
         self._log_serving()
+
+    def _publish_address(self, serving: bool) -> None:
+        """Write (atomically) or remove ``--address_file``, if one is configured."""
+        if self.config.address_file is None:
+            return
+        path = Path(self.config.address_file)
+        if not serving:
+            path.unlink(missing_ok=True)
+            return
+        host, port = self.address
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(f"{host}:{port}\n", encoding="utf-8")
+        tmp.replace(path)
 
     def _load(self) -> None:
         """Read the model folder, build the QA task and start the warmed-up sessions."""
@@ -385,6 +320,7 @@ class InferenceServer:
         """
         timeout = self.config.shutdown_timeout_s if timeout is None else timeout
         drained = self._stop(timeout)
+        self._publish_address(False)
         if self._started:
             log.info("stopped (%s)", "all admitted requests answered" if drained else "timed out")
         return drained
@@ -428,27 +364,16 @@ class InferenceServer:
         self.shutdown()
 
 
-_TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "int | None": int}
-
-
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
-    """Command-line options -> ServerConfig (one flag per config field)."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in fields(ServerConfig):
-        meta = f.metadata
-        shown = "off" if f.default is None else f.default
-        p.add_argument(meta["flag"] or f"--{f.name}", dest=f.name, type=_TYPES[str(f.type)],
-                       default=f.default, choices=meta["choices"],
-                       help=f"{meta['help']} (default: {shown})")
-    p.add_argument("--log_level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                   help="log detail (default: INFO)")
-    args = vars(p.parse_args(argv))
+    """Command-line options -> ServerConfig (one flag per config field); sets up logging."""
+    parser = build_parser(__doc__)
+    parser.add_argument("--log_level", default="INFO",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log detail "
+                        "(default: INFO)")
+    args = vars(parser.parse_args(argv))
     logging.basicConfig(level=args.pop("log_level"),
                         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
-    config = ServerConfig(**args)
-    if problems := config.problems():
-        p.error("; ".join(problems))
-    return config
+    return config_from_args(parser, args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,5 +8,6 @@ WORKDIR /app
 COPY requirements.txt ./
 RUN pip install "$(grep '^msgpack==' requirements.txt)"
 COPY client.py ./
+COPY console/ console/
 COPY protocol/ protocol/
 ENTRYPOINT ["python", "client.py"]

@@ -7,22 +7,30 @@ FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 
 ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 TOKENIZERS_PARALLELISM=false
+# Python 3.11, the version CI tests (Ubuntu 24.04's own python3 is 3.12): from the deadsnakes PPA,
+# whose tool is removed again once the PPA is added.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+    && apt-get install -y --no-install-recommends software-properties-common gpg-agent \
+    && add-apt-repository -y ppa:deadsnakes/ppa \
+    && apt-get install -y --no-install-recommends python3.11 python3.11-venv ca-certificates \
+    && apt-get purge -y --auto-remove software-properties-common gpg-agent \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app
 COPY requirements.txt constraints.txt ./
 # Same pins as CPU installs, with onnxruntime swapped for onnxruntime-gpu; pip takes torch's CUDA
 # build from PyPI for the same torch==2.13.0 pin.
-RUN python3 -m venv /opt/venv \
+RUN python3.11 -m venv /opt/venv \
+    && /opt/venv/bin/python -c "import sys; assert sys.version_info[:2] == (3, 11), sys.version" \
     && sed 's/^onnxruntime==/onnxruntime-gpu==/' requirements.txt > requirements-gpu.txt \
     && /opt/venv/bin/pip install -r requirements-gpu.txt -c constraints.txt
 ENV PATH=/opt/venv/bin:$PATH
 
 COPY server.py client.py prepare_model.py ./
+COPY console/ console/
 COPY engines/ engines/
 COPY protocol/ protocol/
+COPY settings/ settings/
 COPY transport/ transport/
 COPY telemetry/ telemetry/
 
@@ -30,8 +38,9 @@ COPY telemetry/ telemetry/
 VOLUME ["/app/saved_models"]
 EXPOSE 9999
 STOPSIGNAL SIGTERM
-# Ready = every session loaded and warmed up, not draining (docs/operations.md).
+# Ready = every session loaded and warmed up, not draining (docs/operations.md). The server writes
+# the address it serves on to the address file, so the check follows any --port given to the image.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s \
-    CMD ["python", "client.py", "--port", "9999", "--ready", "--timeout", "3"]
-ENTRYPOINT ["python", "server.py", "--host", "0.0.0.0"]
+    CMD ["python", "client.py", "--address_file", "/tmp/qa-server.address", "--ready", "--timeout", "3"]
+ENTRYPOINT ["python", "server.py", "--host", "0.0.0.0", "--address_file", "/tmp/qa-server.address"]
 CMD ["--port", "9999"]

@@ -129,6 +129,31 @@ def test_ready_probe_exits_zero_for_a_ready_server_and_two_when_unreachable(
     assert gone.returncode == 2
 
 
+def test_the_address_file_exists_exactly_while_serving_and_the_probe_reads_it(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    address_file = tmp_path / "server.address"
+    address_file.write_text("127.0.0.1:1\n")  # left by an earlier run that was killed
+    probe = [sys.executable, "client.py", "--address_file", str(address_file), "--ready"]
+    config = ServerConfig(port=0, model_dir=str(tiny_model_dir), num_inference_sessions=1,
+                          address_file=str(address_file))
+    with InferenceServer(config) as srv:
+        assert address_file.read_text() == f"127.0.0.1:{srv.address[1]}\n"
+        ready = subprocess.run(probe, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert ready.returncode == 0 and "'ready': True" in ready.stdout
+    assert not address_file.exists()
+    gone = subprocess.run(probe, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 2 and str(address_file) in gone.stderr
+
+
+def test_the_docker_health_check_probes_the_address_the_server_writes() -> None:
+    dockerfile = (ROOT / "docker" / "server.Dockerfile").read_text()
+    entrypoint = next(line for line in dockerfile.splitlines() if line.startswith("ENTRYPOINT"))
+    check = dockerfile[dockerfile.index("HEALTHCHECK"):].splitlines()[1]
+    written = entrypoint.split('"--address_file", "')[1].split('"')[0]
+    assert f'"--address_file", "{written}"' in check and '"--ready"' in check
+    assert "--port" not in check  # it follows whatever --port the container was given
+
+
 def test_repl_reconnects_after_the_server_closed_its_idle_connection(tiny_model_dir: Path) -> None:
     config = ServerConfig(port=0, model_dir=str(tiny_model_dir), num_inference_sessions=1,
                           idle_timeout_s=0.5)

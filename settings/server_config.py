@@ -1,0 +1,124 @@
+"""The server's settings: one ``ServerConfig`` field per setting, and its command-line flag.
+
+Each field carries its flag's help, so the CLI and the config cannot drift apart; every setting
+is explained in docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from engines import ENGINE_TYPES
+from engines.batching import BATCHING_MODES
+from protocol import DEFAULT_MAX_FRAME_SIZE
+from protocol.messages import FieldLimits
+
+
+def option(default: Any, help: str, *, flag: str | None = None,
+           choices: tuple[str, ...] | None = None) -> Any:
+    """A ServerConfig field and its command-line flag (``--NAME`` unless ``flag`` says else)."""
+    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
+
+
+@dataclass(kw_only=True)
+class ServerConfig:
+    """Every serving setting; each field is also the CLI flag of the same name (docs/operations.md)."""
+
+    host: str = option("127.0.0.1", "address to bind (0.0.0.0: all interfaces)")
+    port: int = option(9999, "TCP port (0: any free port)")
+    num_inference_sessions: int = option(2, "inference-session threads, each with its own engine")
+    inference_engine_type: str = option("onnx", "engine backend", choices=ENGINE_TYPES)
+    model_dir: str = option("saved_models", "folder written by prepare_model.py")
+    device: str = option("auto", "auto, cpu, cuda or cuda:N (auto: GPU if any)")
+    threads_per_session: int = option(0, "CPU threads per engine (0: cores divided among sessions)")
+    batching: str = option("auto", "auto: batch only as far as the measured cost says it pays; "
+                           "fixed: fill up to the caps; off: one request per batch",
+                           choices=BATCHING_MODES)
+    max_batch_size: int = option(32, "most requests a session runs as one batch")
+    max_batch_tokens: int = option(16384, "most rows x padded length in one batch (a larger "
+                                   "request runs alone)")
+    max_queue_delay_ms: float = option(2.0, "most a request waits for a bigger batch (only spent "
+                                       "when it can help)")
+    batch_lookahead: int = option(128, "waiting requests considered when forming a batch")
+    max_queue: int = option(1024, "requests waiting at most; more get 'overloaded' at once")
+    request_timeout_ms: float = option(30000.0, "default deadline of a request, from admission; "
+                                       "past it a queued request gets 'deadline_exceeded' and is "
+                                       "never run (0: none; a request's timeout_ms overrides)")
+    max_connections: int = option(1024, "concurrent connections; more get "
+                                  "'too_many_connections' and are closed")
+    idle_timeout_s: float = option(300.0, "close a connection that sent nothing and awaits no "
+                                   "reply for this many seconds (0: never)", flag="--idle_timeout")
+    frame_timeout_s: float = option(30.0, "seconds a frame may take to arrive once begun "
+                                    "(slowloris guard; 0: no limit)", flag="--frame_timeout")
+    max_frame_size: int = option(DEFAULT_MAX_FRAME_SIZE, "frame cap, bytes")
+    max_question_chars: int = option(1000, "longest question, characters (0: no cap)")
+    max_context_chars: int = option(100_000, "longest context, characters (0: no cap)")
+    send_timeout_s: float = option(30.0, "seconds replies may stay unsent to a client that does "
+                                   "not read before it is disconnected", flag="--send_timeout")
+    no_answer: str = option("auto", "SQuAD2 'no answer' (auto: on for SQuAD2 models)",
+                            choices=("auto", "on", "off"))
+    max_seq_len: int = option(384, "tokens per window (capped by the model)")
+    doc_stride: int = option(128, "tokens shared by neighbouring windows of a long context")
+    max_answer_len: int = option(15, "longest answer, tokens")
+    shutdown_timeout_s: float = option(30.0, "seconds to finish admitted work on stop",
+                                       flag="--shutdown_timeout")
+    metrics_port: int | None = option(None, "serve Prometheus metrics at "
+                                      "http://HOST:PORT/metrics")
+    metrics_host: str = option("127.0.0.1", "address for --metrics_port")
+    address_file: str | None = option(None, "write HOST:PORT to this file once serving, and "
+                                      "remove it on stop: for health checks (client.py "
+                                      "--address_file) and to learn what --port 0 chose")
+
+    def engine_threads(self) -> int:
+        """Threads per engine: as configured, else the machine's cores shared among sessions."""
+        if self.threads_per_session > 0:
+            return self.threads_per_session
+        return max(1, (os.cpu_count() or 1) // max(1, self.num_inference_sessions))
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings (empty when they can serve)."""
+        at_least_one = ("num_inference_sessions", "max_batch_size", "batch_lookahead",
+                        "max_queue", "max_connections", "max_frame_size")
+        never_negative = ("threads_per_session", "max_batch_tokens", "max_queue_delay_ms",
+                          "request_timeout_ms", "idle_timeout_s", "frame_timeout_s",
+                          "max_question_chars", "max_context_chars", "shutdown_timeout_s")
+        flags = {f.name: f.metadata["flag"] or f"--{f.name}" for f in fields(self)}
+        return ([f"{flags[name]} must be at least 1" for name in at_least_one
+                 if getattr(self, name) < 1]
+                + [f"{flags[name]} must not be negative" for name in never_negative
+                   if getattr(self, name) < 0]
+                + ([] if self.send_timeout_s >= 0.001 else ["--send_timeout must be at least "
+                                                              "0.001 (0 would mean never)"]))
+
+    def limits(self) -> FieldLimits:
+        """The caps on request fields."""
+        return FieldLimits(max_question_chars=self.max_question_chars,
+                           max_context_chars=self.max_context_chars)
+
+
+_TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "int | None": int,
+                           "str | None": str}
+
+
+def build_parser(description: str | None) -> argparse.ArgumentParser:
+    """An argument parser with one flag per ServerConfig field, each showing its default."""
+    parser = argparse.ArgumentParser(description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in fields(ServerConfig):
+        meta = f.metadata
+        shown = "off" if f.default is None else f.default
+        parser.add_argument(meta["flag"] or f"--{f.name}", dest=f.name,
+                            type=_TYPES[str(f.type)], default=f.default, choices=meta["choices"],
+                            help=f"{meta['help']} (default: {shown})")
+    return parser
+
+
+def config_from_args(parser: argparse.ArgumentParser, args: dict[str, Any]) -> ServerConfig:
+    """The ServerConfig of parsed flags; impossible values are a usage error naming the flags."""
+    config = ServerConfig(**args)
+    if problems := config.problems():
+        parser.error("; ".join(problems))
+    return config
