@@ -34,6 +34,7 @@ from bench.figures import (
 )
 from bench.loadgen import ClosedSpec, OpenSpec, closed_worker, open_worker
 from bench.loadrun import measure
+from bench.plots import plot_runs
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "bench" / "data" / "qa_pairs.jsonl"
 
@@ -260,57 +261,6 @@ def write_json(path: str | Path, runs: list[dict[str, Any]], argv: Sequence[str]
     document = {"tool": "stress_test.py", "argv": list(argv),
                 "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": runs}
     Path(path).write_text(json.dumps(json_safe(document), indent=2) + "\n", encoding="utf-8")
-
-
-def plot_runs(path: str | Path, runs: list[dict[str, Any]]) -> None:
-    """Latency p50/p90/p99 and throughput against concurrency (or rate); one run: its
-    latency distribution and the server's time breakdown."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    if len(runs) > 1:
-        _plot_sweep(left, right, runs)
-    else:
-        _plot_single(left, right, runs[0])
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _plot_sweep(left: Any, right: Any, runs: list[dict[str, Any]]) -> None:
-    closed = runs[0]["settings"]["mode"] == "closed"
-    xs = [r["settings"]["clients" if closed else "rate"] for r in runs]
-    label = "clients at once" if closed else "offered rate (requests/s)"
-    for q in (50, 90, 99):
-        left.plot(xs, [r[f"p{q}_ms"] for r in runs], marker="o", label=f"p{q}")
-    left.set(xlabel=label, ylabel="latency (ms)", title="latency percentiles")
-    left.legend()
-    right.plot(xs, [r["throughput_rps"] for r in runs], marker="o", color="tab:green")
-    right.set(xlabel=label, ylabel="requests/s", title="throughput")
-    for axes in (left, right):
-        axes.set_xticks(xs)
-        axes.set_ylim(bottom=0)
-        axes.grid(alpha=0.3)
-
-
-def _plot_single(left: Any, right: Any, run: dict[str, Any]) -> None:
-    labels = list(run["percentiles_ms"])
-    left.plot(range(len(labels)), list(run["percentiles_ms"].values()), marker="o")
-    left.set_xticks(range(len(labels)), [f"p{q}" for q in labels])
-    left.set(ylabel="latency (ms)", title=f"latency distribution ({run['ok']} requests, "
-                                          f"{run['throughput_rps']:.1f} requests/s)")
-    left.grid(alpha=0.3)
-    server = run["server"]
-    bars = {"client latency": run["mean_ms"]}
-    if server:
-        bars.update({"server: admitted\nto reply": server["request_time"]["mean_ms"],
-                     "server: queue": server["queue_time"]["mean_ms"],
-                     "server: engine\nper batch": server["engine_time"]["mean_ms"]})
-    right.bar(list(bars), list(bars.values()), color="tab:blue")
-    right.set(ylabel="mean (ms)", title="where the time goes")
 
 
 # -- CLI ---------------------------------------------------------------------------------------

@@ -115,13 +115,14 @@ def measure(target: Callable[..., None], specs: Sequence[ClosedSpec | OpenSpec],
     """One run: warm up, snapshot the server's stats, run the workers, snapshot again.
 
     Returns:
-        The run's figures (``settings``, ``summarize``'s figures, ``server``: the breakdown) and
-        the workers' raw payloads.
+        The run's figures (``settings``, ``started``: local date and time, ``summarize``'s
+        figures, ``server``: the breakdown) and the workers' raw payloads.
 
     Raises:
         ConnectionError: The server (or, from a worker, a connection) cannot be reached.
     """
     host, port, pairs = specs[0].host, specs[0].port, specs[0].pairs
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     try:
         control = Client(host, port)
     except OSError as exc:
@@ -131,7 +132,7 @@ def measure(target: Callable[..., None], specs: Sequence[ClosedSpec | OpenSpec],
             target, specs, tickets=tickets, warm_up=lambda: _warm_up(control, pairs, warmup),
             before=lambda: _server_stats(control), total=total, progress=progress)
         after = _settled_stats(control, before)
-    return {"settings": settings, **summarize(payloads),
+    return {"settings": settings, "started": started, **summarize(payloads),
             "server": server_breakdown(before, after)}, payloads
 
 

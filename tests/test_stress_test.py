@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from matplotlib.colors import to_rgba
 
 from bench.figures import percentile, server_breakdown
 from bench.loadgen import (
@@ -23,11 +24,12 @@ from bench.loadgen import (
     _send_on_schedule,
     poisson_offsets,
 )
+from bench.plots import build_figure
 from client import Client
 from engines import load_engine
 from engines.base import Engine
 from server import InferenceServer, ServerConfig
-from stress_test import DEFAULT_DATA, load_pairs, run_closed_loop, run_open_loop
+from stress_test import DEFAULT_DATA, load_pairs, run_closed_loop, run_open_loop, run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIRS = [("Who went home?", "Bob went home after the match."),
@@ -271,3 +273,21 @@ def test_an_unreachable_server_exits_2() -> None:
         s.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
         done = run_cli(None, "--num_total_clients", "1", port=s.getsockname()[1])
     assert done.returncode == 2 and "cannot reach" in done.stderr
+
+
+def test_sweep_plot_has_log_clients_a_title_from_the_server_and_a_throughput_colour_of_its_own(
+        server: InferenceServer) -> None:
+    host, port = server.address
+    runs = run_sweep(host, port, levels=[1, 3], requests_per_client=2, pairs=PAIRS, processes=1,
+                     progress=False)
+    fig = build_figure(runs)
+    left, right = fig.axes
+    assert left.get_xscale() == right.get_xscale() == "log"
+    title = fig.get_suptitle()
+    assert "onnx engine" in title and "1 session," in title
+    assert "model tiny-random-bert-qa-0" in title and runs[0]["started"][:10] in title
+    percentiles = {line.get_label(): to_rgba(line.get_color()) for line in left.get_lines()}
+    assert set(percentiles) == {"p50", "p90", "p99"} and len(set(percentiles.values())) == 3
+    (throughput,) = right.get_lines()
+    assert to_rgba(throughput.get_color()) not in percentiles.values()
+    assert list(throughput.get_xdata()) == [1, 3]
