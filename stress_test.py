@@ -289,10 +289,20 @@ def write_json(path: str | Path, runs: list[dict[str, Any]], argv: Sequence[str]
 
 
 # -- CLI ---------------------------------------------------------------------------------------
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's layout and adds each option's default: "off" for an unset one,
+    nothing for a switch."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or action.default is False or action.default == argparse.SUPPRESS:
+            return text
+        return f"{text} (default: {'off' if action.default is None else '%(default)s'})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser."""
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--host", default="127.0.0.1", help="the server's address")
     p.add_argument("--port", type=int, default=9999, help="the server's port")
     p.add_argument("--num_simultaneous_clients", type=int, default=5,

@@ -32,7 +32,9 @@ from server import InferenceServer, ServerConfig
 from stress_test import (
     DEFAULT_DATA,
     DEFAULT_LEVEL_SECONDS,
+    build_parser,
     load_pairs,
+    parse_args,
     run_closed_loop,
     run_open_loop,
     run_sweep,
@@ -302,6 +304,22 @@ def test_sweep_plot_has_log_clients_a_title_from_the_server_and_a_throughput_col
     (throughput,) = right.get_lines()
     assert to_rgba(throughput.get_color()) not in percentiles.values()
     assert list(throughput.get_xdata()) == [1, 3]
+
+
+def test_stress_test_help_shows_every_default_once_and_budget_needs_a_sweep() -> None:
+    parser = build_parser()
+    text = " ".join(parser.format_help().split())  # undo the line wrapping
+    for expected in ("(default: 100)", "(default: 10)", "(default: 5)", "(default: 20)",
+                     f"(default: {DEFAULT_LEVEL_SECONDS:g})", "(default: min(clients, cores))",
+                     "(default: bench/data/qa_pairs.jsonl)"):
+        assert expected in text
+    assert "(default: None)" not in text and "(default: False)" not in text
+    for action in parser._actions:
+        assert action.help
+        if action.dest not in ("help", "no_progress"):
+            assert text.count(f"{action.help.split(' (default')[0]} (default: ") == 1, action.dest
+    with pytest.raises(SystemExit):
+        parse_args(["--level_seconds", "5"])
 
 
 def test_errors_are_counted_by_code_and_the_exit_status_is_1(
