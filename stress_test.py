@@ -128,9 +128,10 @@ def run_closed_loop(host: str, port: int, *, clients: int, requests_per_client: 
     settings = {"mode": "closed", "clients": clients, "total_clients": total_clients,
                 "requests_per_client": requests_per_client, "pipeline": pipeline,
                 "budget_s": budget_s, "processes": procs, "warmup": warmup, "pairs": len(pairs)}
+    total = total_clients * requests_per_client
     result, payloads = measure(closed_worker, specs, settings=settings, warmup=warmup,
-                               tickets=total_clients, total=total_clients * requests_per_client,
-                               progress=progress)
+                               tickets=total_clients, total=0 if budget_s else total,
+                               progress=progress)  # a budget may end it short of the count
     result["clients_run"] = sum(p["clients"] for p in payloads)
     result["stopped_by"] = "budget" if any(p["cut_short"] for p in payloads) else "count"
     return result

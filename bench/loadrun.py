@@ -29,7 +29,8 @@ def run_workers(target: Callable[..., None], specs: Sequence[ClosedSpec | OpenSp
         tickets: Client connections for the whole run (closed loop), shared by every process.
         warm_up: Called while the workers start; not measured.
         before: Called once every worker is ready, just before the start; its value is returned.
-        total: Requests expected, for the progress bar (None: what the workers announce).
+        total: Requests expected, for the progress bar (None: what the workers announce; 0: not
+            known, a bar that counts without an end).
         progress: Show a tqdm progress bar.
 
     Raises:
@@ -94,7 +95,7 @@ def _collect(events: Any, procs: list[Any], total: int, progress: bool) -> list[
 
     payloads: dict[int, dict[str, Any]] = {}
     waiting = set(range(len(procs)))
-    with tqdm(total=total, unit="req", disable=not progress, dynamic_ncols=True) as bar:
+    with tqdm(total=total or None, unit="req", disable=not progress, dynamic_ncols=True) as bar:
         while waiting:
             if (event := _next_event(events, procs, waiting)) is None:
                 continue
