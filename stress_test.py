@@ -1,15 +1,17 @@
 """Load the QA server and report latency and throughput over every request.
 
     python stress_test.py --num_simultaneous_clients 5 --num_total_clients 100
-    python stress_test.py --sweep 1,5,20,50 --json runs.json --plot runs.png
+    python stress_test.py --sweep 1,5,20,50 --json runs.json --plot runs.png   # about a minute
     python stress_test.py --rate 50 --duration 30            # open loop: Poisson arrivals
 
 Closed loop (the default): ``--num_total_clients`` client connections,
 ``--num_simultaneous_clients`` at a time, each sending ``--num_request_per_client`` requests
 (``--pipeline`` in flight). Open loop (``--rate``): requests arrive at random (Poisson) at a fixed
 total rate whatever the server does, and latency counts from each request's scheduled time.
-Clients run in ``--processes`` worker processes, several connections each. The server's own
-breakdown comes from its ``stats`` op. See docs/load_testing.md.
+A sweep (``--sweep``) runs a closed loop per level, each stopped by its time budget
+(``--level_seconds``) or its request count, whichever comes first. Clients run in
+``--processes`` worker processes, several connections each. The server's own breakdown comes
+from its ``stats`` op. See docs/load_testing.md.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.figures import (
-    TIMINGS,
     check_positive,
     json_safe,
     process_count,
@@ -34,8 +35,12 @@ from bench.figures import (
 )
 from bench.loadgen import ClosedSpec, OpenSpec, closed_worker, open_worker
 from bench.loadrun import measure
+from bench.plots import plot_runs
+from bench.report import format_report, format_tables
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "bench" / "data" / "qa_pairs.jsonl"
+#: A sweep level's time budget (seconds): four levels take about a minute.
+DEFAULT_LEVEL_SECONDS = 12.0
 
 
 # -- the request mix ---------------------------------------------------------------------------
@@ -86,7 +91,7 @@ def _pair(record: Any, where: str) -> tuple[str, str]:
 def run_closed_loop(host: str, port: int, *, clients: int, requests_per_client: int,
                     pairs: list[tuple[str, str]], pipeline: int = 1, processes: int | None = None,
                     warmup: int = 0, progress: bool = True, total_clients: int | None = None,
-                    timeout_s: float = 120.0) -> dict[str, Any]:
+                    timeout_s: float = 120.0, budget_s: float | None = None) -> dict[str, Any]:
     """Closed loop: ``clients`` connections at a time, each sending as soon as a reply is in.
 
     Args:
@@ -100,11 +105,14 @@ def run_closed_loop(host: str, port: int, *, clients: int, requests_per_client: 
         total_clients: Connections over the whole run (default ``clients``); as one finishes,
             the next starts.
         timeout_s: Seconds without a reply after which a connection's requests count as timeout.
+        budget_s: Seconds after the start when nothing new is sent (no request, no client);
+            requests in flight then are still answered and counted. None: no time limit.
 
     Returns:
-        ``{"settings", "requests", "ok", "errors": {code: n}, "wall_s", "throughput_rps",
-        "mean_ms", "std_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms", "percentiles_ms",
-        "server": {breakdown}}``; latency figures are over the successful requests.
+        ``{"settings", "started", "requests", "ok", "errors": {code: n}, "wall_s",
+        "throughput_rps", "mean_ms", "std_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms",
+        "percentiles_ms", "clients_run", "stopped_by": "budget" | "count", "server": {breakdown}}``;
+        latency figures are over the successful requests.
 
     Raises:
         ConnectionError: The server cannot be reached.
@@ -113,14 +121,19 @@ def run_closed_loop(host: str, port: int, *, clients: int, requests_per_client: 
     check_positive(clients=clients, requests_per_client=requests_per_client, pipeline=pipeline,
                     total_clients=total_clients, pairs=len(pairs))
     procs = process_count(processes, clients)
-    specs = [ClosedSpec(host, port, tuple(pairs), slots, requests_per_client, pipeline, timeout_s)
-             for slots in split_evenly(clients, procs)]
+    if budget_s is not None:
+        check_positive(budget_s=budget_s)
+    specs = [ClosedSpec(host, port, tuple(pairs), slots, requests_per_client, pipeline, timeout_s,
+                        budget_s) for slots in split_evenly(clients, procs)]
     settings = {"mode": "closed", "clients": clients, "total_clients": total_clients,
                 "requests_per_client": requests_per_client, "pipeline": pipeline,
-                "processes": procs, "warmup": warmup, "pairs": len(pairs)}
-    result, _ = measure(closed_worker, specs, settings=settings, warmup=warmup,
-                        tickets=total_clients, total=total_clients * requests_per_client,
-                        progress=progress)
+                "budget_s": budget_s, "processes": procs, "warmup": warmup, "pairs": len(pairs)}
+    total = total_clients * requests_per_client
+    result, payloads = measure(closed_worker, specs, settings=settings, warmup=warmup,
+                               tickets=total_clients, total=0 if budget_s else total,
+                               progress=progress)  # a budget may end it short of the count
+    result["clients_run"] = sum(p["clients"] for p in payloads)
+    result["stopped_by"] = "budget" if any(p["cut_short"] for p in payloads) else "count"
     return result
 
 
@@ -171,90 +184,27 @@ def run_open_loop(host: str, port: int, *, rate: float, duration_s: float,
 def run_sweep(host: str, port: int, *, levels: Sequence[int], requests_per_client: int,
               pairs: list[tuple[str, str]], total_clients: int = 0, pipeline: int = 1,
               processes: int | None = None, warmup: int = 0, progress: bool = True,
-              timeout_s: float = 120.0,
+              timeout_s: float = 120.0, level_seconds: float | None = DEFAULT_LEVEL_SECONDS,
               on_run: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """One closed-loop run per concurrency level (warm-up before the first only).
 
-    Each level runs ``max(level, total_clients)`` client connections.
+    Each level runs up to ``max(level, total_clients)`` client connections of
+    ``requests_per_client`` requests, and sends nothing new after ``level_seconds`` (None: no
+    time limit); whichever limit comes first ends it (the run's ``stopped_by``).
     """
     runs = []
     for n, level in enumerate(levels):
         runs.append(run_closed_loop(
             host, port, clients=level, requests_per_client=requests_per_client, pairs=pairs,
             pipeline=pipeline, processes=processes, warmup=warmup if n == 0 else 0,
-            progress=progress, total_clients=max(level, total_clients), timeout_s=timeout_s))
+            progress=progress, total_clients=max(level, total_clients), timeout_s=timeout_s,
+            budget_s=level_seconds))
         if on_run is not None:
             on_run(runs[-1])
     return runs
 
 
-# -- reports -----------------------------------------------------------------------------------
-def format_report(result: dict[str, Any]) -> str:
-    """The human-readable summary of one run."""
-    s, r = result["settings"], result
-    if s["mode"] == "closed":
-        head = (f"closed loop: {s['clients']} clients at once, {s['total_clients']} in all, "
-                f"{s['requests_per_client']} requests each, pipeline {s['pipeline']}")
-    else:
-        limit = (f"{s['duration_s']:g} s" if math.isfinite(s["duration_s"])
-                 else f"{s['max_requests']} requests")
-        head = (f"open loop: Poisson arrivals at {s['rate']:g} requests/s for {limit} over "
-                f"{s['connections']} connections")
-    errors = ", ".join(f"{code} {n}" for code, n in r["errors"].items()) or "none"
-    lines = [f"{head}, {s['processes']} processes",
-             f"requests: {r['requests']}   ok: {r['ok']}   errors: {errors}",
-             f"throughput: {r['throughput_rps']:.1f} requests/s over {r['wall_s']:.2f} s"]
-    if r["ok"]:
-        lines.append("latency ms: mean {mean_ms:.1f} ± {std_ms:.1f}   p50 {p50_ms:.1f}   "
-                     "p90 {p90_ms:.1f}   p95 {p95_ms:.1f}   p99 {p99_ms:.1f}   max {max_ms:.1f}"
-                     .format(**r))
-    if "send_lag" in r:
-        lines.append("send lag ms (sends behind schedule; latency counts from the schedule): mean "
-                     "{mean_ms:.2f}   p99 {p99_ms:.2f}   max {max_ms:.2f}".format(**r["send_lag"]))
-    return "\n".join(lines + _format_server(r["server"], r["mean_ms"]))
-
-
-def _format_server(server: dict[str, Any], client_mean_ms: float) -> list[str]:
-    if not server:
-        return ["server: no stats (the server does not answer the stats op)"]
-    engine, model = server.get("engine", {}), server.get("model", {})
-    meaningful = "" if model.get("meaningful", True) else ", answers not meaningful"
-    lines = [f"server: {server['sessions']} sessions, {engine.get('description', '?')}, max batch "
-             f"{server['max_batch_size']}, model {model.get('name', '?')}{meaningful}"]
-    if not server["request_time"]["count"]:
-        return [*lines, "server ms: no request reached the engine"]
-    q, e, t = (server[name]["mean_ms"] for name in TIMINGS)
-    return [*lines,
-            f"server ms: queue {q:.1f} + rest {t - q:.1f} = admitted-to-reply {t:.1f} per request;"
-            f" engine {e:.1f} per batch; mean batch {server['mean_batch_size']:.2f} requests "
-            f"({server['rows_per_batch']:.2f} windows); client, network and tokenizing "
-            f"{client_mean_ms - t:.1f}"]
-
-
-TABLES: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
-    ("latency mean ± std (ms)", lambda r: f"{r['mean_ms']:.1f} ± {r['std_ms']:.1f}"),
-    ("latency p99 (ms)", lambda r: f"{r['p99_ms']:.1f}"),
-    ("throughput (requests/s)", lambda r: f"{r['throughput_rps']:.1f}"),
-)
-
-
-def format_tables(runs: list[dict[str, Any]]) -> str:
-    """The sweep tables: rows = the server's sessions setting, columns = clients at once."""
-    cells = {(r["server"].get("sessions", "?"), r["settings"]["clients"]): r for r in runs}
-    rows = sorted({key[0] for key in cells}, key=str)
-    columns = sorted({key[1] for key in cells})
-    out = []
-    for title, cell in TABLES:
-        grid = [["sessions \\ clients", *map(str, columns)]]
-        grid += [[str(row), *(cell(cells[row, c]) if (row, c) in cells else "-" for c in columns)]
-                 for row in rows]
-        widths = [max(len(line[i]) for line in grid) for i in range(len(grid[0]))]
-        lines = [" | ".join(text.rjust(w) for text, w in zip(line, widths)) for line in grid]
-        lines.insert(1, "-+-".join("-" * w for w in widths))
-        out += [title, *lines, ""]
-    return "\n".join(out).rstrip()
-
-
+# -- outputs (text reports: bench/report.py; plots: bench/plots.py) ----------------------------
 def write_json(path: str | Path, runs: list[dict[str, Any]], argv: Sequence[str]) -> None:
     """Every run, with its settings and server breakdown; NaN becomes null."""
     document = {"tool": "stress_test.py", "argv": list(argv),
@@ -262,68 +212,28 @@ def write_json(path: str | Path, runs: list[dict[str, Any]], argv: Sequence[str]
     Path(path).write_text(json.dumps(json_safe(document), indent=2) + "\n", encoding="utf-8")
 
 
-def plot_runs(path: str | Path, runs: list[dict[str, Any]]) -> None:
-    """Latency p50/p90/p99 and throughput against concurrency (or rate); one run: its
-    latency distribution and the server's time breakdown."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    if len(runs) > 1:
-        _plot_sweep(left, right, runs)
-    else:
-        _plot_single(left, right, runs[0])
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _plot_sweep(left: Any, right: Any, runs: list[dict[str, Any]]) -> None:
-    closed = runs[0]["settings"]["mode"] == "closed"
-    xs = [r["settings"]["clients" if closed else "rate"] for r in runs]
-    label = "clients at once" if closed else "offered rate (requests/s)"
-    for q in (50, 90, 99):
-        left.plot(xs, [r[f"p{q}_ms"] for r in runs], marker="o", label=f"p{q}")
-    left.set(xlabel=label, ylabel="latency (ms)", title="latency percentiles")
-    left.legend()
-    right.plot(xs, [r["throughput_rps"] for r in runs], marker="o", color="tab:green")
-    right.set(xlabel=label, ylabel="requests/s", title="throughput")
-    for axes in (left, right):
-        axes.set_xticks(xs)
-        axes.set_ylim(bottom=0)
-        axes.grid(alpha=0.3)
-
-
-def _plot_single(left: Any, right: Any, run: dict[str, Any]) -> None:
-    labels = list(run["percentiles_ms"])
-    left.plot(range(len(labels)), list(run["percentiles_ms"].values()), marker="o")
-    left.set_xticks(range(len(labels)), [f"p{q}" for q in labels])
-    left.set(ylabel="latency (ms)", title=f"latency distribution ({run['ok']} requests, "
-                                          f"{run['throughput_rps']:.1f} requests/s)")
-    left.grid(alpha=0.3)
-    server = run["server"]
-    bars = {"client latency": run["mean_ms"]}
-    if server:
-        bars.update({"server: admitted\nto reply": server["request_time"]["mean_ms"],
-                     "server: queue": server["queue_time"]["mean_ms"],
-                     "server: engine\nper batch": server["engine_time"]["mean_ms"]})
-    right.bar(list(bars), list(bars.values()), color="tab:blue")
-    right.set(ylabel="mean (ms)", title="where the time goes")
-
-
 # -- CLI ---------------------------------------------------------------------------------------
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options."""
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's layout and adds each option's default: "off" for an unset one,
+    nothing for a switch."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or action.default is False or action.default == argparse.SUPPRESS:
+            return text
+        return f"{text} (default: {'off' if action.default is None else '%(default)s'})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line parser."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--host", default="127.0.0.1", help="the server's address")
     p.add_argument("--port", type=int, default=9999, help="the server's port")
     p.add_argument("--num_simultaneous_clients", type=int, default=5,
                    help="connections at once (open loop: connections requests are spread over)")
     p.add_argument("--num_total_clients", type=int, default=100,
-                   help="connections over the whole closed-loop run")
+                   help="connections over the whole closed-loop run (a sweep level: at most "
+                        "max(level, this))")
     p.add_argument("--num_request_per_client", type=int, default=10,
                    help="requests each connection sends before it disconnects")
     p.add_argument("--warmup", type=int, default=20,
@@ -335,18 +245,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="open loop: seconds of arrivals (default: stop after num_total_clients"
                         " x num_request_per_client requests)")
     p.add_argument("--sweep", help="closed loop at each of these concurrencies, e.g. 1,5,20,50")
-    p.add_argument("--data", help="JSON-lines (or JSON list) of {question, context} objects")
+    p.add_argument("--level_seconds", type=float,
+                   help="sweep: a level sends nothing new after this many seconds; replies to "
+                        "requests already sent are awaited and counted. A level ends at this "
+                        "budget or after max(level, num_total_clients) x num_request_per_client "
+                        f"requests, whichever comes first; 0: no budget (default: "
+                        f"{DEFAULT_LEVEL_SECONDS:g})")
+    p.add_argument("--data", help="JSON-lines (or JSON list) of {question, context} objects "
+                                  "(default: bench/data/qa_pairs.jsonl)")
     p.add_argument("--json", help="write every figure of every run to this file")
     p.add_argument("--plot", help="draw latency percentiles and throughput to this PNG")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds without any reply after which the rest count as timeout")
     p.add_argument("--seed", type=int, default=0, help="seed of the open loop's arrival times")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options, checked; adds ``levels`` (the sweep's) and ``pairs`` (the mix)."""
+    p = build_parser()
     args = p.parse_args(argv)
     if args.rate is not None and (args.sweep or args.pipeline != 1):
         p.error("--rate (open loop) does not go with --sweep or --pipeline")
     if args.duration is not None and args.rate is None:
         p.error("--duration needs --rate")
+    if args.level_seconds is not None and not args.sweep:
+        p.error("--level_seconds needs --sweep")
+    if args.level_seconds is not None and args.level_seconds < 0:
+        p.error("--level_seconds must be 0 (no budget) or more")
+    if args.level_seconds is None:
+        args.level_seconds = DEFAULT_LEVEL_SECONDS
     try:
         args.levels = [int(n) for n in args.sweep.split(",")] if args.sweep else []
         args.pairs = load_pairs(args.data)
@@ -374,7 +303,7 @@ def _runs(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
     elif args.levels:
         run_sweep(args.host, args.port, levels=args.levels, total_clients=args.num_total_clients,
                   requests_per_client=args.num_request_per_client, pipeline=args.pipeline,
-                  on_run=record, **common)
+                  level_seconds=args.level_seconds or None, on_run=record, **common)
         print(format_tables(runs))
     else:
         record(run_closed_loop(

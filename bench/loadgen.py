@@ -6,7 +6,9 @@ wake-up on the client side and no extra thread hand-off:
 
 - closed loop: each connection keeps ``pipeline`` requests in flight; a reply sends the next one.
   Slot threads take client tickets from a counter shared by every process, so ``total`` clients run
-  ``concurrency`` at a time over the whole run: connect, send, disconnect, next.
+  ``concurrency`` at a time over the whole run: connect, send, disconnect, next. With a time budget,
+  nothing new is sent once it is spent (no new request, no new client); requests already in flight
+  are still answered and counted.
 - open loop: one sender thread per process sends on a precomputed Poisson schedule without waiting
   for replies; each latency is measured from the request's *scheduled* time.
 
@@ -47,6 +49,7 @@ class ClosedSpec:
     requests_per_client: int
     pipeline: int
     timeout_s: float
+    budget_s: float | None = None  # seconds from the start after which nothing new is sent
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,8 @@ class Recorder:
         self.errors: Counter[str] = Counter()
         self.completed = 0
         self.last = 0.0
+        self.clients = 0  # closed loop: client connections started
+        self.cut_short = False  # closed loop: the time budget kept some requests from being sent
 
     def ok(self, seconds: float, now: float) -> None:
         with self._lock:
@@ -117,12 +122,21 @@ class Recorder:
             self.completed += n
             self.last = max(self.last, time.perf_counter())
 
+    def client_started(self) -> None:
+        with self._lock:
+            self.clients += 1
+
+    def budget_spent(self) -> None:
+        with self._lock:
+            self.cut_short = True
+
     def payload(self, start: float) -> dict[str, Any]:
         """What goes back to the parent; ``wall_s`` runs from the start to the last outcome."""
         with self._lock:
             end = self.last or time.perf_counter()
             return {"latencies": self.latencies, "lags": self.lags, "errors": dict(self.errors),
-                    "requests": self.completed, "wall_s": max(0.0, end - start)}
+                    "requests": self.completed, "wall_s": max(0.0, end - start),
+                    "clients": self.clients, "cut_short": self.cut_short}
 
 
 class _Reporter:
@@ -152,11 +166,13 @@ class _Reporter:
 
 # -- closed loop -------------------------------------------------------------------------------
 class _ClosedDriver:
-    """One client connection of a closed loop: ``count`` requests, ``pipeline`` in flight."""
+    """One client connection of a closed loop: ``count`` requests, ``pipeline`` in flight, none
+    sent after ``deadline`` (``time.perf_counter()`` time)."""
 
-    def __init__(self, client: Client, spec: ClosedSpec, first_pair: int,
-                 recorder: Recorder) -> None:
+    def __init__(self, client: Client, spec: ClosedSpec, first_pair: int, recorder: Recorder,
+                 deadline: float = math.inf) -> None:
         self._client, self._spec, self._first, self._rec = client, spec, first_pair, recorder
+        self._deadline = deadline
         self._lock = threading.Lock()
         self._left = spec.requests_per_client
         self._sent = 0
@@ -180,6 +196,10 @@ class _ClosedDriver:
     def _send(self) -> None:
         with self._lock:
             if self._left == 0:
+                return
+            if time.perf_counter() >= self._deadline:
+                self._left = 0  # the budget is spent: this client sends nothing more
+                self._rec.budget_spent()
                 return
             self._left -= 1
             self._outstanding += 1
@@ -232,16 +252,22 @@ def _take_ticket(tickets: Any) -> int | None:
         return int(tickets.value)
 
 
-def _slot(spec: ClosedSpec, tickets: Any, recorder: Recorder) -> None:
-    """One simultaneous client: connect, send its requests, disconnect; again while tickets last."""
+def _slot(spec: ClosedSpec, tickets: Any, recorder: Recorder, deadline: float) -> None:
+    """One simultaneous client: connect, send its requests, disconnect; again while tickets last
+    and the budget (``deadline``) is not spent."""
     while (number := _take_ticket(tickets)) is not None:
+        if time.perf_counter() >= deadline:
+            recorder.budget_spent()  # this client, and every one after it, never starts
+            return
+        recorder.client_started()
         try:
             client = Client(spec.host, spec.port)
         except OSError:
             recorder.failed("connect_failed", spec.requests_per_client)
             continue
         with client:
-            _ClosedDriver(client, spec, number * spec.requests_per_client, recorder).run()
+            _ClosedDriver(client, spec, number * spec.requests_per_client, recorder,
+                          deadline).run()
 
 
 def closed_worker(spec: ClosedSpec, index: int, events: Any, go: Any, tickets: Any) -> None:
@@ -251,9 +277,10 @@ def closed_worker(spec: ClosedSpec, index: int, events: Any, go: Any, tickets: A
     events.put(("ready", index, None))
     go.wait()
     start = time.perf_counter()
+    deadline = start + spec.budget_s if spec.budget_s else math.inf
     with _Reporter(index, events, recorder):
-        threads = [threading.Thread(target=_slot, args=(spec, tickets, recorder), name=f"slot-{n}")
-                   for n in range(spec.slots)]
+        threads = [threading.Thread(target=_slot, args=(spec, tickets, recorder, deadline),
+                                    name=f"slot-{n}") for n in range(spec.slots)]
         for thread in threads:
             thread.start()
         for thread in threads:

@@ -29,7 +29,8 @@ def run_workers(target: Callable[..., None], specs: Sequence[ClosedSpec | OpenSp
         tickets: Client connections for the whole run (closed loop), shared by every process.
         warm_up: Called while the workers start; not measured.
         before: Called once every worker is ready, just before the start; its value is returned.
-        total: Requests expected, for the progress bar (None: what the workers announce).
+        total: Requests expected, for the progress bar (None: what the workers announce; 0: not
+            known, a bar that counts without an end).
         progress: Show a tqdm progress bar.
 
     Raises:
@@ -94,7 +95,7 @@ def _collect(events: Any, procs: list[Any], total: int, progress: bool) -> list[
 
     payloads: dict[int, dict[str, Any]] = {}
     waiting = set(range(len(procs)))
-    with tqdm(total=total, unit="req", disable=not progress, dynamic_ncols=True) as bar:
+    with tqdm(total=total or None, unit="req", disable=not progress, dynamic_ncols=True) as bar:
         while waiting:
             if (event := _next_event(events, procs, waiting)) is None:
                 continue
@@ -115,13 +116,14 @@ def measure(target: Callable[..., None], specs: Sequence[ClosedSpec | OpenSpec],
     """One run: warm up, snapshot the server's stats, run the workers, snapshot again.
 
     Returns:
-        The run's figures (``settings``, ``summarize``'s figures, ``server``: the breakdown) and
-        the workers' raw payloads.
+        The run's figures (``settings``, ``started``: local date and time, ``summarize``'s
+        figures, ``server``: the breakdown) and the workers' raw payloads.
 
     Raises:
         ConnectionError: The server (or, from a worker, a connection) cannot be reached.
     """
     host, port, pairs = specs[0].host, specs[0].port, specs[0].pairs
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     try:
         control = Client(host, port)
     except OSError as exc:
@@ -131,7 +133,7 @@ def measure(target: Callable[..., None], specs: Sequence[ClosedSpec | OpenSpec],
             target, specs, tickets=tickets, warm_up=lambda: _warm_up(control, pairs, warmup),
             before=lambda: _server_stats(control), total=total, progress=progress)
         after = _settled_stats(control, before)
-    return {"settings": settings, **summarize(payloads),
+    return {"settings": settings, "started": started, **summarize(payloads),
             "server": server_breakdown(before, after)}, payloads
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,29 +13,33 @@ from pathlib import Path
 import pytest
 
 from client import Client
+from prepare_model import build_parser, hub_address, hub_reachable, parse_args
 from server import InferenceServer, ServerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
-def run_prepare(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "prepare_model.py", *args], cwd=ROOT, env=OFFLINE,
-                          capture_output=True, text=True, timeout=600)
+def run_prepare(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "prepare_model.py", *args], cwd=ROOT,
+                          env=OFFLINE if env is None else env, capture_output=True, text=True,
+                          timeout=600)
 
 
 @pytest.mark.slow
 def test_default_command_offline_falls_back_to_packaged_minilm_and_serves(tmp_path: Path) -> None:
     out = tmp_path / "model"
-    done = run_prepare("--output", str(out))
+    done = run_prepare("--model_dir", str(out))
     assert done.returncode == 0, done.stderr
     assert "falling back to the packaged MiniLM" in done.stderr
-    assert "NOT MEANINGFUL" in done.stderr  # said loudly ...
+    # said loudly, once, and last ...
+    assert done.stderr.count("ANSWERS ARE NOT MEANINGFUL") == 1
+    assert done.stderr.rstrip().splitlines()[-2].startswith("THIS MODEL'S ANSWERS ARE NOT")
     meta = json.loads((out / "serving.json").read_text())
     assert meta["meaningful"] is False and "NOT MEANINGFUL" in meta["warning"]  # ... and recorded
     assert meta["model_name"] == "minilm-l6-random-qa-head"
     assert meta["onnx_max_abs_diff"] < 1e-3
-    assert "largest logit difference" in done.stdout
+    assert (done.stdout + done.stderr).count("largest logit difference") == 1
 
     context = "The committee met in Geneva on 4 May 2021 to discuss the new rail tunnel."
     for engine in ("onnx", "pytorch"):
@@ -45,16 +51,68 @@ def test_default_command_offline_falls_back_to_packaged_minilm_and_serves(tmp_pa
 
 
 def test_no_fallback_fails_when_the_model_cannot_be_loaded(tmp_path: Path) -> None:
-    done = run_prepare("--model", "no-such-org/no-such-model", "--no-fallback",
-                       "--output", str(tmp_path / "m"))
+    done = run_prepare("--model", "no-such-org/no-such-model", "--no_fallback",
+                       "--model_dir", str(tmp_path / "m"))
     assert done.returncode != 0
     assert not (tmp_path / "m" / "serving.json").exists()
+
+
+def test_an_unreachable_hub_is_announced_before_the_wait_and_the_decision_after(
+        tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+        port = s.getsockname()[1]
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+        env["HF_ENDPOINT"] = f"http://127.0.0.1:{port}"
+        done = run_prepare("--model", "no-such-org/no-such-model", "--no_fallback",
+                           "--model_dir", str(tmp_path / "m"), env=env)
+    assert done.returncode != 0
+    lines = done.stderr.splitlines()
+    check = next(n for n, line in enumerate(lines) if "checking whether the model hub" in line)
+    assert f"(127.0.0.1:{port})" in lines[check] and "(up to 3 s)" in lines[check]
+    assert "is not reachable" in lines[check + 1]
+    assert "local Hugging Face cache only" in lines[check + 1]
+    assert "loading no-such-org/no-such-model" in lines[check + 2]
+
+
+def test_hub_check_says_yes_to_a_listening_port_and_no_to_a_refusing_one() -> None:
+    with socket.socket() as listening, socket.socket() as refusing:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        refusing.bind(("127.0.0.1", 0))
+        assert hub_reachable(hub_address(f"http://127.0.0.1:{listening.getsockname()[1]}"))
+        assert not hub_reachable(hub_address(f"http://127.0.0.1:{refusing.getsockname()[1]}"))
+    assert hub_address("https://hub.example") == ("hub.example", 443)
+
+
+def test_old_flag_spellings_mean_the_same_as_the_new_ones() -> None:
+    new = parse_args(["--model_dir", "d", "--packaged_minilm", "--random_bert_base",
+                      "--no_fallback", "--no_answer", "on"])
+    old = parse_args(["--output", "d", "--packaged-minilm", "--random-bert-base", "--no-fallback",
+                      "--squad2", "yes"])
+    assert vars(new) == vars(old)
+    assert parse_args(["--squad2", "no"]).no_answer == "off"
+    assert parse_args([]).no_answer == "auto" and parse_args([]).model_dir == "saved_models"
+
+
+def test_help_gives_every_option_a_description_and_each_real_default_once() -> None:
+    parser = build_parser()
+    text = " ".join(parser.format_help().split())  # undo the line wrapping
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert "--output" not in text.split("options:")[1]  # old spellings work, unadvertised
+    shown = [a for a in parser._actions if a.help != argparse.SUPPRESS and a.dest != "help"]
+    assert {a.dest for a in shown} >= {"model", "model_dir", "packaged_minilm", "no_answer"}
+    for action in shown:
+        assert action.help
+        if action.default not in (None, False):
+            assert text.count(f"{action.help} (default: {action.default})") == 1, action.dest
 
 
 def test_a_local_model_folder_is_prepared_and_keeps_its_not_meaningful_mark(
         tiny_model_dir: Path, tmp_path: Path) -> None:
     done = run_prepare("--model", str(tiny_model_dir), "--output", str(tmp_path / "m"),
-                       "--squad2", "yes")
+                       "--squad2", "yes")  # the old spellings still work
     assert done.returncode == 0, done.stderr
     meta = json.loads((tmp_path / "m" / "serving.json").read_text())
     assert meta["source"] == "local folder" and meta["squad2"] is True
@@ -68,7 +126,7 @@ def test_a_local_trained_model_folder_carries_no_warning(tiny_model_dir: Path,
     plain = tmp_path / "plain"  # a bare save_pretrained folder, as users bring their own models
     AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(plain)
     AutoModelForQuestionAnswering.from_pretrained(tiny_model_dir).save_pretrained(plain)
-    done = run_prepare("--model", str(plain), "--output", str(tmp_path / "m"))
+    done = run_prepare("--model", str(plain), "--model_dir", str(tmp_path / "m"))
     assert done.returncode == 0, done.stderr
     meta = json.loads((tmp_path / "m" / "serving.json").read_text())
     assert meta["meaningful"] is True and meta["warning"] is None and meta["squad2"] is False

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from matplotlib.colors import to_rgba
 
 from bench.figures import percentile, server_breakdown
 from bench.loadgen import (
@@ -23,11 +24,21 @@ from bench.loadgen import (
     _send_on_schedule,
     poisson_offsets,
 )
+from bench.plots import build_figure
 from client import Client
 from engines import load_engine
 from engines.base import Engine
 from server import InferenceServer, ServerConfig
-from stress_test import DEFAULT_DATA, load_pairs, run_closed_loop, run_open_loop
+from stress_test import (
+    DEFAULT_DATA,
+    DEFAULT_LEVEL_SECONDS,
+    build_parser,
+    load_pairs,
+    parse_args,
+    run_closed_loop,
+    run_open_loop,
+    run_sweep,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIRS = [("Who went home?", "Bob went home after the match."),
@@ -251,7 +262,64 @@ def test_sweep_prints_three_tables_with_the_sessions_row_and_saves_every_run(
     runs = json.loads(out.read_text())["runs"]
     assert [r["settings"]["clients"] for r in runs] == [1, 2]
     assert all(r["requests"] == r["ok"] == 6 and r["server"]["sessions"] == 1 for r in runs)
+    # 6 requests of the tiny model end each level long before its default time budget
+    assert all(r["stopped_by"] == "count" and r["clients_run"] == 2 for r in runs)
+    assert all(r["settings"]["budget_s"] == DEFAULT_LEVEL_SECONDS for r in runs)
+    assert "budget after" not in done.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_sweep_level_stops_at_its_time_budget_and_counts_every_request_it_sent(
+        slow_server: InferenceServer, tmp_path: Path) -> None:
+    out = tmp_path / "sweep.json"
+    # each level may send 2 x 100 requests (8 s at the slow server's 25 batches/s); 1 s budget
+    done = run_cli(slow_server, "--sweep", "1,2", "--level_seconds", "1", "--pipeline", "3",
+                   "--num_total_clients", "2", "--num_request_per_client", "100", "--warmup", "0",
+                   "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("stopped by the 1 s budget after") == 2
+    runs = json.loads(out.read_text())["runs"]
+    for run in runs:
+        assert run["settings"]["budget_s"] == 1.0 and run["stopped_by"] == "budget"
+        assert 0 < run["requests"] < 200
+        # every request sent, the ones in flight at the deadline included, was answered and
+        # counted, and the server admitted exactly those
+        assert run["ok"] == run["requests"] == run["server"]["admitted"]
+        assert run["server"]["requests"]["qa"] == {"ok": run["requests"]}
+
+
+def test_sweep_plot_has_log_clients_a_title_from_the_server_and_a_throughput_colour_of_its_own(
+        server: InferenceServer) -> None:
+    host, port = server.address
+    runs = run_sweep(host, port, levels=[1, 3], requests_per_client=2, pairs=PAIRS, processes=1,
+                     progress=False)
+    fig = build_figure(runs)
+    left, right = fig.axes
+    assert left.get_xscale() == right.get_xscale() == "log"
+    title = fig.get_suptitle()
+    assert "onnx engine" in title and "1 session," in title
+    assert "model tiny-random-bert-qa-0" in title and runs[0]["started"][:10] in title
+    percentiles = {line.get_label(): to_rgba(line.get_color()) for line in left.get_lines()}
+    assert set(percentiles) == {"p50", "p90", "p99"} and len(set(percentiles.values())) == 3
+    (throughput,) = right.get_lines()
+    assert to_rgba(throughput.get_color()) not in percentiles.values()
+    assert list(throughput.get_xdata()) == [1, 3]
+
+
+def test_stress_test_help_shows_every_default_once_and_budget_needs_a_sweep() -> None:
+    parser = build_parser()
+    text = " ".join(parser.format_help().split())  # undo the line wrapping
+    for expected in ("(default: 100)", "(default: 10)", "(default: 5)", "(default: 20)",
+                     f"(default: {DEFAULT_LEVEL_SECONDS:g})", "(default: min(clients, cores))",
+                     "(default: bench/data/qa_pairs.jsonl)"):
+        assert expected in text
+    assert "(default: None)" not in text and "(default: False)" not in text
+    for action in parser._actions:
+        assert action.help
+        if action.dest not in ("help", "no_progress"):
+            assert text.count(f"{action.help.split(' (default')[0]} (default: ") == 1, action.dest
+    with pytest.raises(SystemExit):
+        parse_args(["--level_seconds", "5"])
 
 
 def test_errors_are_counted_by_code_and_the_exit_status_is_1(
