@@ -37,6 +37,7 @@ from protocol import (
     qa_request,
     stats_request,
 )
+from settings.cli import HelpFormatter
 
 
 class ConnectionLost(ConnectionError):
@@ -294,9 +295,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options; the context comes back in ``args.context`` whichever flag gave it."""
     p = argparse.ArgumentParser(
         description="Ask the QA inference server questions. Without --question it starts the "
-        "interactive REPL: paste or type a text, then ask questions about it.")
-    p.add_argument("--host", default="127.0.0.1", help="the server's address (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=9999, help="the server's port (default: 9999)")
+        "interactive REPL: paste or type a text, then ask questions about it.",
+        formatter_class=HelpFormatter)
+    p.add_argument("--host", default="127.0.0.1", help="the server's address")
+    p.add_argument("--port", type=int, default=9999, help="the server's port")
     p.add_argument("--address_file", help="read the server's HOST:PORT from this file, written "
                    "by server.py --address_file once it serves (instead of --host and --port)")
     p.add_argument("--question", help="answer this once and exit (needs --context or "
@@ -304,8 +306,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     text = p.add_mutually_exclusive_group()
     text.add_argument("--context", help="the text the question is about (REPL: the first text)")
     text.add_argument("--context_file", help="read the text from this UTF-8 file, any length")
-    p.add_argument("--timeout", type=float, default=60.0,
-                   help="seconds to wait for an answer (default: 60)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for an answer")
     p.add_argument("--ready", action="store_true",
                    help="health probe: exit 0 if the server is ready, 1 if not, 2 if unreachable")
     args = p.parse_args(argv)

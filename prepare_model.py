@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+from settings.cli import HelpFormatter
+
 DEFAULT_MODEL = "deepset/bert-base-cased-squad2"
 #: Most seconds spent checking whether the hub answers, name lookup included.
 HUB_CHECK_SECONDS = 3.0
@@ -119,17 +121,6 @@ def is_squad2(name: str, model) -> bool:  # type: ignore[no-untyped-def]
     """Guess from the name whether the model was trained with SQuAD2's 'no answer' examples."""
     text = f"{name} {getattr(model.config, '_name_or_path', '')}".lower()
     return any(tag in text for tag in ("squad2", "squad_v2", "squadv2", "squad-v2"))
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps the description's layout and adds each option's default, where it has one."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if "(default" in text or action.default in (None, argparse.SUPPRESS) \
-                or action.default is False:
-            return text
-        return f"{text} (default: %(default)s)"
 
 
 #: Old spellings, still accepted (left out of --help): flag -> the option it stands for.

@@ -40,7 +40,7 @@ from engines.pool import SessionPool
 from engines.session import InferenceSession
 from protocol.errors import BadRequest, ServerError, ShuttingDown, TooManyConnections
 from protocol.messages import PingRequest, QARequest, Request, StatsRequest
-from settings import ServerConfig, build_parser, config_from_args
+from settings.server_config import ServerConfig, build_parser, config_from_args
 from telemetry.stats import ServerStats
 from transport import BindError, Connection, Listener, bind_socket, refuse
 
@@ -368,8 +368,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     """Command-line options -> ServerConfig (one flag per config field); sets up logging."""
     parser = build_parser(__doc__)
     parser.add_argument("--log_level", default="INFO",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log detail "
-                        "(default: INFO)")
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log detail")
     args = vars(parser.parse_args(argv))
     logging.basicConfig(level=args.pop("log_level"),
                         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")

@@ -37,6 +37,7 @@ from bench.loadgen import ClosedSpec, OpenSpec, closed_worker, open_worker
 from bench.loadrun import measure
 from bench.plots import plot_runs
 from bench.report import format_report, format_tables
+from settings.cli import HelpFormatter
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "bench" / "data" / "qa_pairs.jsonl"
 #: A sweep level's time budget (seconds): four levels take about a minute.
@@ -213,17 +214,6 @@ def write_json(path: str | Path, runs: list[dict[str, Any]], argv: Sequence[str]
 
 
 # -- CLI ---------------------------------------------------------------------------------------
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps the description's layout and adds each option's default: "off" for an unset one,
-    nothing for a switch."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if "(default" in text or action.default is False or action.default == argparse.SUPPRESS:
-            return text
-        return f"{text} (default: {'off' if action.default is None else '%(default)s'})"
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)

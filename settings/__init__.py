@@ -1,5 +1,3 @@
-"""Settings: what can be configured, with its flags and checks."""
-
-from settings.server_config import ServerConfig, build_parser, config_from_args
-
-__all__ = ["ServerConfig", "build_parser", "config_from_args"]
+"""Settings: what can be configured, with its flags and checks (server_config.py), and the help
+format every tool shares (cli.py). Import the modules themselves: cli.py stays light enough for
+the client image, which has msgpack alone."""

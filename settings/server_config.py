@@ -15,6 +15,7 @@ from engines import ENGINE_TYPES
 from engines.batching import BATCHING_MODES
 from protocol import DEFAULT_MAX_FRAME_SIZE
 from protocol.messages import FieldLimits
+from settings.cli import HelpFormatter
 
 
 def option(default: Any, help: str, *, flag: str | None = None,
@@ -105,14 +106,12 @@ _TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "int | None":
 
 def build_parser(description: str | None) -> argparse.ArgumentParser:
     """An argument parser with one flag per ServerConfig field, each showing its default."""
-    parser = argparse.ArgumentParser(description=description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
     for f in fields(ServerConfig):
         meta = f.metadata
-        shown = "off" if f.default is None else f.default
         parser.add_argument(meta["flag"] or f"--{f.name}", dest=f.name,
                             type=_TYPES[str(f.type)], default=f.default, choices=meta["choices"],
-                            help=f"{meta['help']} (default: {shown})")
+                            help=meta["help"])
     return parser
 
 

@@ -169,3 +169,11 @@ def test_repl_reconnects_after_the_server_closed_its_idle_connection(tiny_model_
         out, _ = repl.communicate(f"{QUESTIONS[1]}\n", timeout=60)  # asked after the close
         assert repl.returncode == 0
         assert out.count("answer: ") == 2 and "error" not in out and "lost" not in out
+
+
+def test_the_client_needs_msgpack_alone_as_in_its_docker_image() -> None:
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, client; print(' '.join(sorted(sys.modules)))"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    heavy = {"numpy", "torch", "onnxruntime", "tokenizers", "transformers", "engines"}
+    assert "msgpack" in loaded and not heavy & set(loaded)
