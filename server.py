@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from engines.batching import (
 )
 from engines.cost_model import CostModel
 from engines.model_dir import ModelInfo, load_model_info
+from engines.zero_engine import ZERO_ENGINE_WARNING
 from engines.qa import QAConfig, QATask
 from engines.pool import SessionPool
 from engines.session import InferenceSession
@@ -126,6 +127,8 @@ class InferenceServer:
         """Read the model folder, build the QA task and start the warmed-up sessions."""
         cfg = self.config
         self.info = load_model_info(cfg.model_dir)
+        if cfg.inference_engine_type == "zero":  # whatever the folder holds, nothing runs it
+            self.info = replace(self.info, meaningful=False, warning=ZERO_ENGINE_WARNING)
         log.info("loading %s into %d %s sessions (address %s:%d bound; accepting once loaded)",
                  self.info.model_name, cfg.num_inference_sessions, cfg.inference_engine_type,
                  *self.address)

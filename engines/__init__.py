@@ -6,11 +6,12 @@ from pathlib import Path
 
 from engines.base import Engine
 
-ENGINE_TYPES = ("onnx", "pytorch")
+#: "zero" runs no model (random logits at once): for benchmarks of the server's own work only.
+ENGINE_TYPES = ("onnx", "pytorch", "zero")
 
 
 def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threads: int = 0) -> Engine:
-    """Load one engine of ``kind`` ("onnx" or "pytorch") from a prepared model folder.
+    """Load one engine of ``kind`` (one of ENGINE_TYPES) from a prepared model folder.
 
     The backend is imported only here, so a server using ONNX never imports torch's CUDA stack.
     """
@@ -22,4 +23,8 @@ def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threa
         from engines.torch_engine import TorchEngine
 
         return TorchEngine(model_dir, device=device, threads=threads)
+    if kind == "zero":
+        from engines.zero_engine import ZeroEngine
+
+        return ZeroEngine(model_dir)
     raise ValueError(f"unknown engine type {kind!r}; choose from {ENGINE_TYPES}")

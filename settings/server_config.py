@@ -31,7 +31,9 @@ class ServerConfig:
     host: str = option("127.0.0.1", "address to bind (0.0.0.0: all interfaces)")
     port: int = option(9999, "TCP port (0: any free port)")
     num_inference_sessions: int = option(2, "inference-session threads, each with its own engine")
-    inference_engine_type: str = option("onnx", "engine backend", choices=ENGINE_TYPES)
+    inference_engine_type: str = option("onnx", "engine backend (zero: no model, random "
+                                        "answers; for front-end benchmarks only)",
+                                        choices=ENGINE_TYPES)
     model_dir: str = option("saved_models", "folder written by prepare_model.py")
     device: str = option("auto", "auto, cpu, cuda or cuda:N (auto: GPU if any)")
     threads_per_session: int = option(0, "CPU threads per engine (0: cores divided among sessions)")

@@ -30,7 +30,7 @@ def test_model_dir_holds_weights_tokenizer_onnx_and_metadata(tiny_model_dir: Pat
     assert info.onnx_max_abs_diff is not None and info.onnx_max_abs_diff < 1e-3
 
 
-@pytest.mark.parametrize("kind", ["onnx", "pytorch"])
+@pytest.mark.parametrize("kind", ["onnx", "pytorch", "zero"])
 def test_engine_returns_one_row_of_logits_per_input_row(tiny_model_dir: Path, kind: str) -> None:
     engine = load_engine(kind, tiny_model_dir, device="auto", threads=1)
     feeds = _feeds(tiny_model_dir)
@@ -125,3 +125,19 @@ def test_served_engines_give_the_pipelines_answers(tiny_model_dir: Path, kind: s
             assert (ours["answer"], ours["start"], ours["end"]) == (
                 expected["answer"], expected["start"], expected["end"]), question
             assert ours["score"] == pytest.approx(expected["score"], rel=1e-3, abs=1e-6)
+
+
+def test_a_zero_engine_server_answers_and_says_its_answers_mean_nothing(
+        tiny_model_dir: Path) -> None:
+    from client import Client
+    from server import InferenceServer, ServerConfig
+
+    config = ServerConfig(port=0, model_dir=str(tiny_model_dir), inference_engine_type="zero",
+                          num_inference_sessions=1)
+    with InferenceServer(config) as srv, Client(*srv.address) as client:
+        answer = client.answer("Who wrote it?", "Ada Lovelace wrote the notes in 1843.",
+                               timeout=30)
+        assert set(answer) == {"answer", "score", "start", "end"}
+        model = client.stats()["model"]
+        assert model["meaningful"] is False and "zero" in model["warning"]
+        assert "zero-cost engine" in client.stats()["engine"]["description"]
