@@ -37,7 +37,7 @@ from protocol import (
     qa_request,
     stats_request,
 )
-from settings.cli import HelpFormatter
+from settings.cli import HelpFormatter, shout
 
 
 class ConnectionLost(ConnectionError):
@@ -222,12 +222,6 @@ def model_warning(client: Client, timeout: float = 10.0) -> str | None:
     if model.get("meaningful", True):
         return None
     return model.get("warning") or f"the answers of model {model.get('name')} are not meaningful"
-
-
-def shout(text: str, stream: Any = None) -> None:
-    """Print a notice nobody can miss."""
-    bar = "!" * 80
-    print(f"{bar}\n{text}\n{bar}", file=stream or sys.stdout, flush=True)
 
 
 def repl(client: Client, context: str | None = None) -> None:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from settings.cli import HelpFormatter
+from settings.cli import HelpFormatter, shout
 
 DEFAULT_MODEL = "deepset/bert-base-cased-squad2"
 #: Most seconds spent checking whether the hub answers, name lookup included.
@@ -213,12 +213,6 @@ def _marked_not_meaningful(folder: Path) -> bool:
         return False
 
 
-def shout(text: str) -> None:
-    """Print a warning nobody can miss."""
-    bar = "!" * 100
-    print(f"\n{bar}\n{text}\n{bar}\n", file=sys.stderr, flush=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Prepare the model folder; exit status 0 on success.
 
@@ -245,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"prepared {name} in {out.resolve()} (inputs: {', '.join(info.input_names)}; "
           f"no_answer: {'on' if squad2 else 'off'})", flush=True)
     if warning:
-        shout(warning)
+        shout(warning, sys.stderr)
     return 0
 
 

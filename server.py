@@ -44,6 +44,7 @@ from protocol.messages import PingRequest, QARequest, Request, StatsRequest
 from settings.server_config import ServerConfig, build_parser, config_from_args
 from telemetry.stats import ServerStats
 from transport import BindError, Connection, Listener, bind_socket, refuse
+from transport.closing import DELIVERY_POLL_S
 
 log = logging.getLogger("server")
 
@@ -97,17 +98,17 @@ class InferenceServer:
         """
         cfg = self.config
         self._listener = Listener(bind_socket(cfg.host, cfg.port), self._accept)
-        self._publish_address(False)  # a file left by an earlier run must not say "up"
         try:
+            self._publish_address(False)  # a file left by an earlier run must not say "up"
             if cfg.metrics_port is not None:  # a port too: fail early; scrapes show the loading
                 self._start_metrics(cfg.metrics_host, cfg.metrics_port)
             self._load()
             self._listener.start()
+            self._publish_address(True)
         except BaseException:
             self._stop(timeout=5)
             raise
         self._started = True
-        self._publish_address(True)
         self._log_serving()
 
     def _publish_address(self, serving: bool) -> None:
@@ -322,8 +323,10 @@ class InferenceServer:
             True if every admitted request was run within ``timeout``.
         """
         timeout = self.config.shutdown_timeout_s if timeout is None else timeout
-        drained = self._stop(timeout)
-        self._publish_address(False)
+        try:
+            self._publish_address(False)  # draining is not serving: probes must not say "up"
+        finally:
+            drained = self._stop(timeout)
         if self._started:
             log.info("stopped (%s)", "all admitted requests answered" if drained else "timed out")
         return drained
@@ -346,10 +349,13 @@ class InferenceServer:
         def left() -> float:
             return max(0.0, deadline - time.monotonic())
 
-        for conn in connections:  # replies computed but not yet taken by a slow client's socket
-            conn.finish_sending(left())
-        for conn in connections:  # closing before the client has them all could destroy them
-            conn.close_once_delivered(left())
+        finishing = connections  # each closes once its client has every reply, all at once
+        while finishing := [conn for conn in finishing if not conn.finish()]:
+            if left() <= 0:
+                break
+            time.sleep(DELIVERY_POLL_S)
+        for conn in finishing:  # out of time: a client that does not read loses what is left
+            conn.close()
         for conn in connections:
             conn.thread.join(left())
         if self._reaper.is_alive():

@@ -31,6 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from settings.cli import HelpFormatter  # noqa: E402
 from stress_test import load_pairs, run_closed_loop  # noqa: E402
 
 
@@ -241,11 +242,13 @@ def machine() -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line options."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model_dir", default="saved_models")
-    p.add_argument("--engines", default="onnx,pytorch")
-    p.add_argument("--batch_sizes", default="1,2,4,8,16,32,64")
-    p.add_argument("--concurrency", default="1,8,32,64")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--model_dir", default="saved_models", help="a folder from prepare_model.py")
+    p.add_argument("--engines", default="onnx,pytorch", help="engines to measure, comma-separated")
+    p.add_argument("--batch_sizes", default="1,2,4,8,16,32,64",
+                   help="raw-engine batch sizes, comma-separated")
+    p.add_argument("--concurrency", default="1,8,32,64",
+                   help="server client counts, comma-separated")
     p.add_argument("--sessions", type=int, default=2, help="server --num_inference_sessions")
     p.add_argument("--batching", default="auto,off",
                    help="server --batching modes to run side by side (first is the default's)")

@@ -42,13 +42,20 @@ def process_tree_cpu_s(pid: int) -> float:
         current = todo.pop()
         try:
             stat = Path(f"/proc/{current}/stat").read_text()
-            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
         except OSError:
             continue  # it ended meanwhile
         fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
         total += (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
-        todo.extend(int(child) for child in children)
+        todo.extend(_children(current))
     return total
+
+
+def _children(pid: int) -> list[int]:
+    """Child processes of ``pid`` (none where the kernel does not list them)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def tokenizer_floor_us(model_dir: str, pairs: list[tuple[str, str]], max_seq_len: int = 384,
@@ -75,10 +82,10 @@ def answered(client: Client) -> int:
     return int(client.stats(timeout=30)["requests"].get("qa", {}).get("ok", 0))
 
 
-def measure_server(model_dir: str, pairs: list[tuple[str, str]], args: argparse.Namespace,
-                   extra: list[str]) -> dict[str, Any]:
+def measure_server(model_dir: str, pairs: list[tuple[str, str]],
+                   args: argparse.Namespace) -> dict[str, Any]:
     """Saturate one zero-engine server; its CPU per request and requests/s."""
-    proc, port = start_server("zero", model_dir, args.sessions, extra)
+    proc, port = start_server("zero", model_dir, args.sessions, [])
     try:
         with Client("127.0.0.1", port) as control:
             requests_before, cpu_before = answered(control), process_tree_cpu_s(proc.pid)
@@ -95,7 +102,7 @@ def measure_server(model_dir: str, pairs: list[tuple[str, str]], args: argparse.
             "pipeline": args.pipeline, "requests": requests, "server_cpu_s": cpu,
             "cpu_us_per_request": 1e6 * cpu / max(1, requests),
             "throughput_rps": run["throughput_rps"], "errors": run["errors"],
-            "p50_ms": run["p50_ms"], "flags": extra}
+            "p50_ms": run["p50_ms"]}
 
 
 def report(floor_us: float, rows: list[dict[str, Any]]) -> str:
@@ -116,7 +123,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model_dir", default="saved_models", help="a folder from prepare_model.py "
                    "(only its tokenizer and input names are used)")
     p.add_argument("--data", help="request mix (default: bench/data/qa_pairs.jsonl)")
-    p.add_argument("--seconds", type=float, default=15.0, help="load per server layout")
+    p.add_argument("--seconds", type=float, default=15.0, help="seconds of load")
     p.add_argument("--sessions", type=int, default=2, help="the server's inference sessions")
     p.add_argument("--connections", type=int, default=8, help="client connections")
     p.add_argument("--pipeline", type=int, default=16, help="requests in flight per connection")
@@ -132,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     print(f"machine: {info}", flush=True)
     floor = tokenizer_floor_us(args.model_dir, pairs)
-    rows = [measure_server(args.model_dir, pairs, args, [])]
+    rows = [measure_server(args.model_dir, pairs, args)]
     print(report(floor, rows), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": info, "argv": sys.argv[1:],

@@ -1,8 +1,11 @@
-"""What every command-line tool of the project shares: help that shows each default once."""
+"""What every command-line tool of the project shares: help that shows each default once,
+and a notice nobody can miss."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import TextIO
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -14,3 +17,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         if "(default" in text or action.default is False or action.default == argparse.SUPPRESS:
             return text
         return f"{text} (default: {'off' if action.default is None else '%(default)s'})"
+
+
+def shout(text: str, stream: TextIO | None = None) -> None:
+    """Print a notice nobody can miss (a warning the user must read), between two bars."""
+    bar = "!" * 80
+    print(f"\n{bar}\n{text}\n{bar}\n", file=stream or sys.stdout, flush=True)

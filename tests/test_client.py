@@ -55,12 +55,17 @@ def test_one_shot_reads_a_long_context_from_a_file(server: InferenceServer,
                                                    tmp_path: Path) -> None:
     host, port = server.address
     article = tmp_path / "article.txt"
-    article.write_text("\n\n".join(CONTEXTS * 40), encoding="utf-8")
+    context = "\n\n".join(CONTEXTS * 40)
+    article.write_text(context, encoding="utf-8")
+    rows_before = server.stats.snapshot()["batch_rows"]
     done = subprocess.run(
         [sys.executable, "client.py", "--host", host, "--port", str(port),
          "--question", QUESTIONS[4], "--context_file", str(article)],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "answer: " in done.stdout
+    assert server.task is not None  # every window of the whole file was run:
+    assert server.stats.snapshot()["batch_rows"] - rows_before == \
+        server.task.preprocess(QUESTIONS[4], context).rows
     missing = subprocess.run([sys.executable, "client.py", "--question", "Who?", "--context_file",
                               str(tmp_path / "none.txt")], cwd=ROOT, capture_output=True,
                              text=True, timeout=60)

@@ -58,9 +58,20 @@ class Terminal:
         return writer
 
     def close(self) -> int:
-        code = self.proc.wait(timeout=60)
-        os.close(self.master)
-        return code
+        """Wait for the client to exit; its exit status."""
+        try:
+            return self.proc.wait(timeout=60)
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        """End the client (if still running) and the terminal; safe to call twice."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.master >= 0:
+            os.close(self.master)
+            self.master = -1
 
 
 def long_context(chars: int, paragraph_break: bool = False) -> str:
@@ -84,18 +95,28 @@ def counted(tiny_model_dir: Path) -> Iterator[tuple[InferenceServer, GatedEngine
         yield srv, engine
 
 
+@pytest.fixture()
+def terminals() -> Iterator[list[Terminal]]:
+    """Terminals a test opens; each is killed at the end, whether the test passed or not."""
+    opened: list[Terminal] = []
+    yield opened
+    for term in opened:
+        term.kill()
+
+
 def rows_for(srv: InferenceServer, question: str, context: str) -> int:
     assert srv.task is not None
     return srv.task.preprocess(question, context).rows
 
 
 def test_a_20000_character_line_pasted_in_a_terminal_reaches_the_server_whole(
-        counted: tuple[InferenceServer, GatedEngine]) -> None:
+        counted: tuple[InferenceServer, GatedEngine], terminals: list[Terminal]) -> None:
     srv, engine = counted
     context = long_context(20_000)
     assert rows_for(srv, QUESTIONS[0], context) > rows_for(srv, QUESTIONS[0],
                                                            context[:TERMINAL_LINE_LIMIT])
     term = Terminal("--host", srv.address[0], "--port", str(srv.address[1]))
+    terminals.append(term)
     intro = term.read_until("text (end with an empty line)> ")
     assert intro.count("NOT MEANINGFUL") == 1  # said once, visibly, before anything else
     assert "empty line" in intro and "new text" in intro and "Ctrl+D quits" in intro
@@ -114,14 +135,15 @@ def test_a_20000_character_line_pasted_in_a_terminal_reaches_the_server_whole(
 
 
 def test_a_bracketed_paste_keeps_its_empty_lines_and_an_empty_text_gets_a_message(
-        counted: tuple[InferenceServer, GatedEngine]) -> None:
+        counted: tuple[InferenceServer, GatedEngine], terminals: list[Terminal]) -> None:
     srv, engine = counted
     context = long_context(6_000, paragraph_break=True)
     term = Terminal("--host", srv.address[0], "--port", str(srv.address[1]))
+    terminals.append(term)
     term.read_until("text (end with an empty line)> ")
     term.type("\n")  # Enter with no text
     assert "empty text" in term.read_until("text (end with an empty line)> ")
-    term.type("\x1b[200~" + context + "\n\x1b[201~")  # as a terminal marks a paste
+    term.type("\x1b[200~" + context + "\n\x1b[201~").join(30)  # as a terminal marks a paste
     term.type("\n")  # then the user's Enter on an empty line
     term.read_until("(6,000 characters)")
     rows_before = engine.rows_run

@@ -18,7 +18,7 @@ from client import Client, ConnectionLost
 from protocol import ShuttingDown, encode_frame, qa_request
 from server import InferenceServer, ServerConfig
 from tests.helpers import CONTEXTS, QUESTIONS, RawConnection
-from transport import BindError
+from transport import BindError, bind_socket
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,16 +97,16 @@ def test_a_busy_port_fails_before_the_model_is_loaded(tiny_model_dir: Path) -> N
 
 
 def test_a_busy_metrics_port_also_fails_before_the_model_is_loaded(tiny_model_dir: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as free:
+        port = free.getsockname()[1]  # free again once this closes
     with socket.create_server(("127.0.0.1", 0)) as taken:
-        port = taken.getsockname()[1]
-        config = ServerConfig(port=0, model_dir=str(tiny_model_dir), metrics_port=port)
+        config = ServerConfig(port=port, model_dir=str(tiny_model_dir),
+                              metrics_port=taken.getsockname()[1])
         server = InferenceServer(config)
         with pytest.raises(BindError, match="--metrics_port"):
             server.start()
     assert server.pool is None and server.task is None  # it failed before loading anything
-    with socket.create_server(("127.0.0.1", 0)):  # and released what it had bound
-        pass
-    assert server._listener is not None and server._listener.sock.fileno() == -1
+    bind_socket("127.0.0.1", port).close()  # and released the port it had bound
 
 
 def test_logs_say_what_serves_where_and_warn_about_meaningless_models(tiny_model_dir: Path) -> None:

@@ -48,8 +48,6 @@ class ServerHooks(Protocol):
 
 #: Unsent reply bytes above which the reader stops reading requests until the client catches up.
 OUTBOX_HIGH_WATER = 1 << 20
-#: Most seconds a connection ended by a fatal error keeps discarding input before it closes.
-LINGER_S = 2.0
 #: Longest single poll of a reader, in ms; it then looks at its clocks again.
 POLL_MAX_MS = 60_000
 
@@ -82,6 +80,7 @@ class Connection:
         self._writer: threading.Thread | None = None
         self._open = True
         self._ending = False  # a fatal error reply was sent: nothing more is sent or run
+        self._fin_queued = False  # finishing: the write side is shut behind the last reply
         self._last_activity = time.monotonic()
         self._frame_started = 0.0
         self._poll = select.poll()
@@ -106,8 +105,7 @@ class Connection:
         """Reader thread body: read, decode and admit until EOF, error or shutdown."""
         try:
             if self._read_loop():  # fatal: deliver the error reply only, then linger
-                if self.finish_sending(self.server.send_timeout_s):
-                    self._linger()
+                self._linger()
             else:
                 self._wait_for_pending()
         except Exception:  # noqa: BLE001 - a broken connection never takes the server down
@@ -132,7 +130,7 @@ class Connection:
             except OSError:  # reset: the client is gone, not half-closed; drop its queued work
                 self.close()
                 return False
-            if self._ending:  # finishing on the server's stop: input is only drained
+            if self._ending:  # finishing (the server stops): input is only drained
                 if not data:
                     return False
                 continue
@@ -154,17 +152,20 @@ class Connection:
         return False
 
     def _linger(self) -> None:
-        """After a fatal error reply (its FIN already queued): read and discard what the client
-        still sends until it closes, has received everything, or LINGER_S passes, so that closing
-        does not reset the connection before the client has the reply (transport/closing.py)."""
-        until = time.monotonic() + LINGER_S
-        while self._open and (left := until - time.monotonic()) > 0 and not delivered(self.sock):
-            if self._poll.poll(int(min(left, DELIVERY_POLL_S) * 1000) + 1):
+        """After a fatal error reply: finish (transport/closing.py) while reading and discarding
+        what the client still sends, until the client has received everything or the send
+        timeout passes, so that closing does not reset the connection before the client has
+        the reply."""
+        until = time.monotonic() + self.server.send_timeout_s
+        reading = True
+        while not self.finish() and time.monotonic() < until:
+            if not reading:  # the client half-closed: its replies may still be on their way
+                time.sleep(DELIVERY_POLL_S)
+            elif self._poll.poll(int(DELIVERY_POLL_S * 1000)):
                 try:
-                    if not self.sock.recv(65536):
-                        return  # the client closed too: a clean close
+                    reading = bool(self.sock.recv(65536))
                 except OSError:
-                    return
+                    return  # reset: the client is gone
 
     def _await_data(self) -> ServerError | None:
         """Block until bytes (or EOF) can be read; the timeout error if one ran out first."""
@@ -315,28 +316,29 @@ class Connection:
                     self._close_locked()
                     return
 
-    def finish_sending(self, timeout: float) -> bool:
-        """Send nothing more: wait up to ``timeout`` seconds until every queued reply is handed to
-        the socket, then queue a FIN behind them. Input is drained, no longer handled, from now on.
+    def finish(self) -> bool:
+        """One step of an orderly close, never blocking; call until it returns True.
+
+        From the first call nothing more is sent and input is drained, no longer handled. Once
+        the queued replies are handed to the socket, a FIN is queued behind them; once the
+        client has acknowledged every byte, the connection closes (closing earlier could reset
+        it and destroy replies still in flight).
 
         Returns:
-            True if every queued reply went out and the FIN is queued.
+            True once the connection is closed.
         """
-        with self._cond:
-            self._ending = True
-            flushed = self._cond.wait_for(lambda: not self._open or (
-                not self._outbox and not self._writing), timeout) and self._open
-            return flushed and shut_write(self.sock)
-
-    def close_once_delivered(self, timeout: float) -> None:
-        """Close once the client has acknowledged every byte sent, or after ``timeout`` seconds
-        (closing earlier could reset the connection and destroy replies still in flight)."""
-        until = time.monotonic() + timeout
         with self._cond:  # the reader closes the descriptor only after _open turns False
-            while self._open and not delivered(self.sock) and (
-                    left := until - time.monotonic()) > 0:
-                self._cond.wait(min(left, DELIVERY_POLL_S))
+            self._ending = True
+            if not self._open:
+                return True
+            if self._outbox or self._writing:
+                return False
+            if not self._fin_queued:
+                self._fin_queued = shut_write(self.sock)
+            if self._fin_queued and not delivered(self.sock):
+                return False
             self._close_locked()
+            return True
 
     def _wait_for_pending(self) -> None:
         with self._cond:

@@ -38,9 +38,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
     Raises:
         BindError: the address is taken, privileged or not this machine's, with a hint.
     """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # names: IPv4, as always
     try:
-        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                      flags=socket.AI_PASSIVE)[0]
+        _, _, _, _, address = socket.getaddrinfo(host or None, port, family, socket.SOCK_STREAM,
+                                                 flags=socket.AI_PASSIVE)[0]
     except socket.gaierror as exc:
         raise BindError(f"cannot resolve --host {host!r}: {exc}") from exc
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -49,10 +50,15 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        hint = _BIND_HINTS.get(exc.errno or 0, "")
-        raise BindError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}"
-                        + (f" ({hint})" if hint else "")) from exc
+        raise _bind_error(exc, host, port) from exc
     return sock
+
+
+def _bind_error(exc: OSError, host: str, port: int) -> BindError:
+    """``exc`` said in words, with what to do about it."""
+    hint = _BIND_HINTS.get(exc.errno or 0, "")
+    return BindError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}"
+                     + (f" ({hint})" if hint else ""))
 
 
 class Listener(threading.Thread):
@@ -72,8 +78,16 @@ class Listener(threading.Thread):
         self._selector.register(self._wake_r, selectors.EVENT_READ)
 
     def start(self) -> None:
-        """Listen, then accept in this thread."""
-        self.sock.listen(BACKLOG)
+        """Listen, then accept in this thread.
+
+        Raises:
+            BindError: another process bound the same port meanwhile and listens first (two
+                servers started on one port at once both bind; only one can listen).
+        """
+        try:
+            self.sock.listen(BACKLOG)
+        except OSError as exc:
+            raise _bind_error(exc, *self.sock.getsockname()[:2]) from exc
         super().start()
 
     def run(self) -> None:
