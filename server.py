@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from engines import load_engine
@@ -44,6 +43,7 @@ from protocol.messages import PingRequest, QARequest, Request, StatsRequest
 from settings.server_config import ServerConfig, build_parser, config_from_args
 from telemetry.stats import ServerStats
 from transport import BindError, Connection, Listener, bind_socket, refuse
+from transport.listener import publish_address
 from transport.closing import DELIVERY_POLL_S
 
 log = logging.getLogger("server")
@@ -113,16 +113,8 @@ class InferenceServer:
 
     def _publish_address(self, serving: bool) -> None:
         """Write (atomically) or remove ``--address_file``, if one is configured."""
-        if self.config.address_file is None:
-            return
-        path = Path(self.config.address_file)
-        if not serving:
-            path.unlink(missing_ok=True)
-            return
-        host, port = self.address
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(f"{host}:{port}\n", encoding="utf-8")
-        tmp.replace(path)
+        if self.config.address_file is not None:
+            publish_address(self.config.address_file, self.address if serving else None)
 
     def _load(self) -> None:
         """Read the model folder, build the QA task and start the warmed-up sessions."""

@@ -8,6 +8,7 @@ import selectors
 import socket
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from protocol import encode_frame, error_reply
@@ -128,3 +129,15 @@ def refuse(sock: socket.socket, error: ServerError) -> None:
         pass
     finally:
         sock.close()
+
+
+def publish_address(path: str | Path, address: tuple[str, int] | None) -> None:
+    """Write ``HOST:PORT`` to ``path`` atomically, or remove it when ``address`` is None (not
+    serving): what ``client.py --address_file`` and health checks read."""
+    path = Path(path)
+    if address is None:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(f"{address[0]}:{address[1]}\n", encoding="utf-8")
+    tmp.replace(path)
