@@ -20,31 +20,23 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
-from functools import partial
 from typing import Any
 
-from engines import load_engine
 from engines.base import Engine
-from engines.batching import (
-    BatchPolicy,
-    DeadlineReaper,
-    Responder,
-    WorkItem,
-    WorkQueue,
-)
-from engines.cost_model import CostModel
+from engines.batching import Responder
+from engines.devices import check_cuda_devices
 from engines.model_dir import ModelInfo, load_model_info
 from engines.zero_engine import ZERO_ENGINE_WARNING
-from engines.qa import QAConfig, QATask
-from engines.pool import SessionPool
-from engines.session import InferenceSession
 from protocol.errors import BadRequest, ServerError, ShuttingDown, TooManyConnections
 from protocol.messages import PingRequest, QARequest, Request, StatsRequest
 from settings.server_config import ServerConfig, build_parser, config_from_args
 from telemetry.stats import ServerStats
 from transport import BindError, Connection, Listener, bind_socket, refuse
-from transport.listener import publish_address
 from transport.closing import DELIVERY_POLL_S
+from transport.listener import publish_address
+from workers.figures import summarize_worker, worker_figures
+from workers.local import LocalBackend
+from workers.processes import ProcessBackend
 
 log = logging.getLogger("server")
 
@@ -69,17 +61,13 @@ class InferenceServer:
         self.frame_timeout_s = config.frame_timeout_s
         self.limits = config.limits()
         self.info: ModelInfo | None = None
-        self.task: QATask | None = None
-        self.queue = WorkQueue(config.max_queue)
         self.stats = ServerStats()
         self.metrics_address: tuple[str, int] | None = None
         self._metrics_httpd: Any = None
-        self.pool: SessionPool | None = None
-        self.policy = BatchPolicy(mode=config.batching)
+        self.backend: LocalBackend | ProcessBackend | None = None
         self.connections: set[Connection] = set()
         self._lock = threading.Lock()
         self._listener: Listener | None = None
-        self._reaper = DeadlineReaper(self.queue)
         self._draining = False
         self._started = False  # start() completed: the server served
 
@@ -117,20 +105,28 @@ class InferenceServer:
             publish_address(self.config.address_file, self.address if serving else None)
 
     def _load(self) -> None:
-        """Read the model folder, build the QA task and start the warmed-up sessions."""
+        """Read the model folder, then start the backend: sessions here, or worker processes."""
         cfg = self.config
         self.info = load_model_info(cfg.model_dir)
         if cfg.inference_engine_type == "zero":  # whatever the folder holds, nothing runs it
             self.info = replace(self.info, meaningful=False, warning=ZERO_ENGINE_WARNING)
-        log.info("loading %s into %d %s sessions (address %s:%d bound; accepting once loaded)",
-                 self.info.model_name, cfg.num_inference_sessions, cfg.inference_engine_type,
-                 *self.address)
+        check_cuda_devices(cfg.inference_engine_type, cfg.gpu_indices())
+        where = f"{cfg.workers} worker processes of " if cfg.workers > 1 else ""
+        log.info("loading %s into %s%d %s sessions (address %s:%d bound; accepting once loaded)",
+                 self.info.model_name, where, cfg.num_inference_sessions,
+                 cfg.inference_engine_type, *self.address)
         if not self.info.meaningful:
             log.warning("%s", self.info.warning)
-        self.task = QATask.from_dir(cfg.model_dir, self._qa_config(self.info),
-                                    input_names=self.info.input_names)
-        self._start_sessions()
-        self._reaper.start()
+        if cfg.workers > 1:
+            if self.engine_factory is not None:
+                raise ValueError("engine_factory serves in this process: use workers=1")
+            self.backend = ProcessBackend(cfg, self.info, self.stats,
+                                          log_level=logging.getLogger().getEffectiveLevel())
+        else:
+            self.backend = LocalBackend(cfg, self.info, self.stats,
+                                        device=cfg.worker_devices()[0],
+                                        engine_factory=self.engine_factory)
+        self.backend.start()
 
     def _start_metrics(self, host: str, port: int) -> None:
         from telemetry.prometheus import serve_metrics
@@ -143,58 +139,29 @@ class InferenceServer:
         self.metrics_address = self._metrics_httpd.server_address[:2]
         log.info("Prometheus metrics on http://%s:%d/metrics", *self.metrics_address)
 
-    def _qa_config(self, info: ModelInfo) -> QAConfig:
-        cfg = self.config
-        no_answer = info.squad2 if cfg.no_answer == "auto" else cfg.no_answer == "on"
-        return QAConfig(max_seq_len=min(cfg.max_seq_len, info.max_seq_len), doc_stride=cfg.doc_stride,
-                        max_answer_len=cfg.max_answer_len, handle_impossible_answer=no_answer)
-
-    def _start_sessions(self) -> None:
-        cfg = self.config
-        factory = self.engine_factory or partial(
-            load_engine, cfg.inference_engine_type, cfg.model_dir, device=cfg.device,
-            threads=cfg.engine_threads())
-        assert self.task is not None
-        task = self.task
-        self.policy = BatchPolicy(mode=cfg.batching, max_items=cfg.max_batch_size,
-                                  max_tokens=cfg.max_batch_tokens,
-                                  max_delay_s=cfg.max_queue_delay_ms / 1000,
-                                  lookahead=cfg.batch_lookahead, cost=CostModel())
-        longest = task.config.max_seq_len
-        warmup = sorted({n for n in (64, 128, 256) if n < longest} | {longest})
-
-        def make(index: int, initial: bool) -> InferenceSession:
-            # One session times the warm-up shapes for the shared cost model (sessions warming
-            # at once would time each other's contention); every session primes its engine.
-            timed = cfg.batching == "auto" and index == 0 and initial
-            return InferenceSession(index, factory, task, self.queue, self.policy, self.stats,
-                                    warmup=warmup if timed else ())
-
-        self.pool = SessionPool(cfg.num_inference_sessions, make,
-                                on_restart=lambda: self.stats.count_event("session_restart"))
-        try:
-            self.pool.start()
-        except RuntimeError:
-            self.queue.close()
-            raise
-
     def _log_serving(self) -> None:
         cfg, info = self.config, self.info
-        assert info is not None and self.pool is not None and self.pool.engine is not None
+        assert info is not None and self.backend is not None
         host, port = self.address
+        described = self.backend.describe()
+        engine = described.get("engine", {}).get("description", "?")
         log.info("model: %s (%s) from %s", info.model_name, info.source, os.path.abspath(cfg.model_dir))
-        log.info("engine: %s; %d inference sessions; batching %s (max %d requests, %d tokens, "
-                 "delay %g ms)", self.pool.engine.describe(), cfg.num_inference_sessions,
-                 cfg.batching, self.policy.cap, cfg.max_batch_tokens, cfg.max_queue_delay_ms)
+        log.info("engine: %s; %s%d inference sessions; batching %s (max %d requests, %d tokens, "
+                 "delay %g ms)", engine,
+                 f"{cfg.workers} workers on {', '.join(cfg.worker_devices())}, each with "
+                 if cfg.workers > 1 else "", cfg.num_inference_sessions, cfg.batching,
+                 described.get("max_batch_size", cfg.max_batch_size), cfg.max_batch_tokens,
+                 cfg.max_queue_delay_ms)
         log.info("limits: queue %d, request timeout %g ms, %d connections, idle %g s, frame %g s, "
                  "frame size %d B, question %d chars, context %d chars (docs/operations.md)",
                  cfg.max_queue, cfg.request_timeout_ms, cfg.max_connections, cfg.idle_timeout_s,
                  cfg.frame_timeout_s, cfg.max_frame_size, cfg.max_question_chars,
                  cfg.max_context_chars)
         if cfg.batching == "auto":
-            table = self.policy.cost.table() if self.policy.cost else {}
-            log.info("batch cost model after warm-up (ms per batch, ROWSxLENGTH): %s",
-                     ", ".join(f"{shape} {ms:.1f}" for shape, ms in table.items()))
+            log.info("batch cost model after warm-up (ms per batch, ROWSxLENGTH%s): %s",
+                     ", worker 0" if cfg.workers > 1 else "",
+                     ", ".join(f"{shape} {ms:.1f}"
+                               for shape, ms in described.get("cost_model_ms", {}).items()))
         log.info("serving on %s:%d%s", host, port,
                  "" if host != "127.0.0.1" else " (local only; --host 0.0.0.0 to serve other machines)")
 
@@ -235,12 +202,9 @@ class InferenceServer:
             ShuttingDown: the server is draining.
             Overloaded: the queue is full.
         """
-        if self._draining:
+        if self._draining or self.backend is None:
             raise ShuttingDown("server is shutting down; request not admitted")
-        assert self.task is not None
         self.limits.check(request)
-        self.queue.check_room()  # a full queue refuses before the cost of tokenizing
-        features = self.task.preprocess(request.question, request.context)
         admitted = time.monotonic()
         timeout_ms = request.timeout_ms or self.config.request_timeout_ms
         stats = self.stats
@@ -252,10 +216,8 @@ class InferenceServer:
 
         stats.on_admitted()
         try:
-            self.queue.put(WorkItem(features=features, respond=respond_and_count, alive=alive,
-                                    rows=features.rows, length=features.max_len,
-                                    enqueued_at=admitted,
-                                    deadline=admitted + timeout_ms / 1000 if timeout_ms else None))
+            self.backend.submit(request.question, request.context, respond_and_count, alive,
+                                admitted, admitted + timeout_ms / 1000 if timeout_ms else None)
         except BaseException:
             stats.on_refused()  # the caller replies and counts the error
             raise
@@ -270,14 +232,26 @@ class InferenceServer:
 
     @property
     def ready(self) -> bool:
-        """True while every session is loaded, warmed up and serving, and the server is not
-        draining."""
-        return self.pool is not None and self.pool.serving and not self._draining
+        """True while every session (of every worker) is loaded, warmed up and serving, and
+        the server is not draining."""
+        return self.backend is not None and self.backend.ready and not self._draining
 
     def stats_result(self) -> dict[str, Any]:
         """Counters and timings, plus what is being served and how: the ``stats`` op's result."""
-        result = self.stats.snapshot()
-        result["queue_depth"] = len(self.queue)
+        return self.collect_stats()[0]
+
+    def collect_stats(self) -> tuple[dict[str, Any], ServerStats]:
+        """The ``stats`` result, and the statistics it was made from: summed over the worker
+        processes when there are some (each asked for its figures now)."""
+        figures = worker_figures(self.backend, self.stats)
+        merged = self.stats
+        if isinstance(self.backend, ProcessBackend):
+            merged = self.stats.copy()
+            for worker in figures:
+                if worker["figures"] is not None:
+                    merged.absorb(worker["figures"])
+        result = merged.snapshot()
+        result["queue_depth"] = self.backend.queue_depth if self.backend is not None else 0
         result["ready"] = self.ready
         result["config"] = {k: v for k, v in asdict(self.config).items() if v is not None}
         if self.info is not None:
@@ -285,22 +259,24 @@ class InferenceServer:
                                "meaningful": self.info.meaningful}
             if self.info.warning:
                 result["model"]["warning"] = self.info.warning
-        result["batching"] = {"mode": self.config.batching, "max_batch_size": self.policy.cap,
+        described = self.backend.describe() if self.backend is not None else {}
+        result["batching"] = {"mode": self.config.batching,
+                              "max_batch_size": described.get("max_batch_size",
+                                                              self.config.max_batch_size),
                               "max_batch_tokens": self.config.max_batch_tokens,
-                              "cost_model_ms": self.policy.cost.table() if self.policy.cost else {}}
-        engine = self.pool.engine if self.pool is not None else None
-        if engine is not None:
-            result["engine"] = {"type": engine.name, "device": engine.device,
-                                "description": engine.describe()}
-        return result
+                              "cost_model_ms": described.get("cost_model_ms", {})}
+        if "engine" in described:
+            result["engine"] = described["engine"]
+        result["workers"] = [summarize_worker(worker) for worker in figures]
+        return result, merged
 
     def forget(self, conn: Connection) -> None:
         """Drop a closed connection, and any work it left queued, which nobody awaits now."""
         with self._lock:
             self.connections.discard(conn)
         self.stats.on_connection(False)
-        if conn.pending:
-            for item in self.queue.purge(lambda item: not item.alive()):
+        if conn.pending and self.backend is not None:
+            for item in self.backend.purge(lambda item: not item.alive()):
                 item.answered = True
                 self.stats.on_finished("client_gone", None)
 
@@ -329,12 +305,7 @@ class InferenceServer:
         if self._listener is not None:
             self._listener.stop()  # first stop accepting, then refuse new requests
         self._draining = True
-        self.queue.close()
-        drained = self.pool.join(timeout) if self.pool is not None else True
-        if not drained:
-            stopped = ShuttingDown("server stopped before this request could run")
-            for item in self.queue.purge(lambda item: True):
-                item.answer(None, stopped)
+        drained = self.backend.stop(timeout) if self.backend is not None else True
         with self._lock:
             connections = list(self.connections)
 
@@ -350,8 +321,6 @@ class InferenceServer:
             conn.close()
         for conn in connections:
             conn.thread.join(left())
-        if self._reaper.is_alive():
-            self._reaper.join(1.0)
         if self._metrics_httpd is not None:
             self._metrics_httpd.shutdown()
             self._metrics_httpd.server_close()

@@ -241,6 +241,33 @@ class WorkQueue:
             self._not_empty.notify()  # more left: wake another idle session
         return chosen
 
+    def take_upto(self, limit: int) -> list[WorkItem]:
+        """Block until work is waiting, then remove and return up to ``limit`` of the oldest
+        items, in arrival order, without forming a batch (a worker process batches them).
+
+        Returns:
+            The items; an empty list only once the queue is closed and drained.
+        """
+        with self._not_empty:
+            self._not_empty.wait_for(lambda: self._closed or bool(self._items))
+            taken = [self._items.popleft() for _ in range(min(limit, len(self._items)))]
+            for item in taken:
+                item.queued = False
+            self._removed()
+            return taken
+
+    def requeue(self, items: list[WorkItem]) -> None:
+        """Put items from ``take_upto`` back at the head of the queue, in their order (no
+        worker could take them after all); deadlines and the size cap hold as before."""
+        with self._lock:
+            for item in reversed(items):
+                item.queued = True
+                self._items.appendleft(item)
+                if item.deadline is not None:
+                    heapq.heappush(self._deadlines, (item.deadline, next(self._seq), item))
+            self._expiry.notify()
+            self._not_empty.notify()
+
     def _remove(self, items: list[WorkItem]) -> None:
         """Take ``items`` out of the queue (lock held); the deadline heap is compacted lazily."""
         for item in items:
@@ -249,6 +276,11 @@ class WorkQueue:
             self._items.popleft()
         else:
             self._items = deque(item for item in self._items if item.queued)
+        self._removed()
+
+    def _removed(self) -> None:
+        """After items left the queue (lock held): compact the deadline heap, wake the reaper
+        once the closed queue is empty."""
         if len(self._deadlines) > 2 * len(self._items) + 64:  # taken items' entries pile up
             self._deadlines = [entry for entry in self._deadlines if entry[2].queued]
             heapq.heapify(self._deadlines)
@@ -269,7 +301,8 @@ class WorkQueue:
                 expired = []
                 while self._deadlines and self._deadlines[0][0] <= now:
                     item = heapq.heappop(self._deadlines)[2]
-                    if item.queued:
+                    if item.queued:  # (a requeued item may have two entries: taken once)
+                        item.queued = False
                         expired.append(item)
                 if expired:
                     self._remove(expired)

@@ -24,6 +24,7 @@ from protocol.errors import (
     ShuttingDown,
     TooManyConnections,
     UnknownServerError,
+    WorkerLost,
     error_for_code,
 )
 from protocol.messages import (
@@ -59,6 +60,7 @@ __all__ = [
     "ShuttingDown",
     "TooManyConnections",
     "UnknownServerError",
+    "WorkerLost",
     "error_for_code",
     # codec
     "DEFAULT_MAX_FRAME_SIZE",

@@ -61,6 +61,13 @@ class EngineError(ServerError):
     code = "engine_error"
 
 
+class WorkerLost(ServerError):
+    """The worker process holding this request died before answering it (it is restarted);
+    the request may have run or not, and is safe to send again."""
+
+    code = "worker_lost"
+
+
 class ShuttingDown(ServerError):
     """The server is draining and admits no new work."""
 
@@ -109,8 +116,8 @@ class UnknownServerError(ServerError):
 
 ERRORS_BY_CODE: dict[str, type[ServerError]] = {
     cls.code: cls
-    for cls in (BadRequest, ProtocolError, FrameTooLarge, InternalError, EngineError, ShuttingDown,
-                Overloaded, DeadlineExceeded, TooManyConnections, IdleTimeout, FrameTimeout)
+    for cls in (BadRequest, ProtocolError, FrameTooLarge, InternalError, EngineError, WorkerLost,
+                ShuttingDown, Overloaded, DeadlineExceeded, TooManyConnections, IdleTimeout, FrameTimeout)
 }
 
 

@@ -30,7 +30,13 @@ class ServerConfig:
 
     host: str = option("127.0.0.1", "address to bind (0.0.0.0: all interfaces)")
     port: int = option(9999, "TCP port (0: any free port)")
-    num_inference_sessions: int = option(2, "inference-session threads, each with its own engine")
+    num_inference_sessions: int = option(2, "inference-session threads, each with its own engine "
+                                         "(per worker process, with --workers above 1)")
+    workers: int = option(1, "processes that tokenize, batch and run the model (1: all in the "
+                          "server's own process; N: a front-end process and N workers pulling "
+                          "from its queue, docs/architecture.md)")
+    cuda_devices: str | None = option(None, "GPUs for the workers, e.g. 0,1: worker i runs on "
+                                      "cuda:<the (i mod count)-th of them> (overrides --device)")
     inference_engine_type: str = option("onnx", "engine backend (zero: no model, random "
                                         "answers; for front-end benchmarks only)",
                                         choices=ENGINE_TYPES)
@@ -76,14 +82,37 @@ class ServerConfig:
                                       "--address_file) and to learn what --port 0 chose")
 
     def engine_threads(self) -> int:
-        """Threads per engine: as configured, else the machine's cores shared among sessions."""
+        """Threads per engine: as configured, else the machine's cores shared among every
+        session of every worker."""
         if self.threads_per_session > 0:
             return self.threads_per_session
-        return max(1, (os.cpu_count() or 1) // max(1, self.num_inference_sessions))
+        engines = max(1, self.num_inference_sessions) * max(1, self.workers)
+        return max(1, (os.cpu_count() or 1) // engines)
+
+    def gpu_indices(self) -> list[int]:
+        """The GPU indices of ``--cuda_devices`` (empty when not given).
+
+        Raises:
+            ValueError: not a comma-separated list of non-negative integers.
+        """
+        if self.cuda_devices is None:
+            return []
+        parts = [part.strip() for part in self.cuda_devices.split(",")]
+        if not parts or not all(part.isdigit() for part in parts):
+            raise ValueError(f"--cuda_devices must list GPU indices like 0,1; got "
+                             f"{self.cuda_devices!r}")
+        return [int(part) for part in parts]
+
+    def worker_devices(self) -> list[str]:
+        """The device of each worker (of the one in-process backend when ``workers`` is 1):
+        ``--cuda_devices`` round-robin, else ``--device`` for all."""
+        gpus = self.gpu_indices()
+        return [f"cuda:{gpus[i % len(gpus)]}" if gpus else self.device
+                for i in range(max(1, self.workers))]
 
     def problems(self) -> list[str]:
         """What is wrong with these settings (empty when they can serve)."""
-        at_least_one = ("num_inference_sessions", "max_batch_size", "batch_lookahead",
+        at_least_one = ("num_inference_sessions", "workers", "max_batch_size", "batch_lookahead",
                         "max_queue", "max_connections", "max_frame_size")
         never_negative = ("threads_per_session", "max_batch_tokens", "max_queue_delay_ms",
                           "request_timeout_ms", "idle_timeout_s", "frame_timeout_s",
@@ -94,7 +123,15 @@ class ServerConfig:
                 + [f"{flags[name]} must not be negative" for name in never_negative
                    if getattr(self, name) < 0]
                 + ([] if self.send_timeout_s >= 0.001 else ["--send_timeout must be at least "
-                                                              "0.001 (0 would mean never)"]))
+                                                              "0.001 (0 would mean never)"])
+                + self._device_problems())
+
+    def _device_problems(self) -> list[str]:
+        try:
+            self.gpu_indices()
+        except ValueError as exc:
+            return [str(exc)]
+        return []
 
     def limits(self) -> FieldLimits:
         """The caps on request fields."""

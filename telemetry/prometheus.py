@@ -30,10 +30,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 class StatsSource(Protocol):
     """What the collector reads (server.InferenceServer satisfies it)."""
 
-    def stats_result(self) -> dict[str, Any]: ...
-
-    @property
-    def stats(self) -> Any: ...
+    def collect_stats(self) -> tuple[dict[str, Any], Any]:
+        """The stats op's result, and the ServerStats (summed over workers) it came from."""
 
 
 class ServerCollector(Collector):
@@ -45,8 +43,7 @@ class ServerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Yield every metric family (called by prometheus-client on each scrape)."""
-        snap = self.server.stats_result()
-        stats = self.server.stats
+        snap, stats = self.server.collect_stats()
         yield _info(snap)
         requests = CounterMetricFamily(f"{PREFIX}_requests", "Requests answered, by op and outcome "
                                        "(ok or the error code)", labels=["op", "outcome"])
@@ -77,7 +74,42 @@ class ServerCollector(Collector):
         yield _time_histogram("engine_time_seconds", "Engine time per batch", stats.engine_time)
         yield _time_histogram("request_duration_seconds", "Time from admission until the reply "
                               "was written", stats.request_time)
+        yield from _worker_families(snap.get("workers", []))
         yield from self.gpus.collect()
+
+
+def _worker_families(workers: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Per-worker series (labels worker, device), and batches and engine time per device."""
+    labels = ["worker", "device"]
+    up = GaugeMetricFamily(f"{PREFIX}_worker_up", "1 while the worker is serving", labels=labels)
+    held = GaugeMetricFamily(f"{PREFIX}_worker_in_flight_requests", "Requests a worker holds",
+                             labels=labels)
+    restarts = CounterMetricFamily(f"{PREFIX}_worker_restarts", "Times the worker was replaced "
+                                   "after dying", labels=labels)
+    batches = CounterMetricFamily(f"{PREFIX}_worker_batches", "Batches the worker ran",
+                                  labels=labels)
+    busy = CounterMetricFamily(f"{PREFIX}_worker_engine_seconds", "Engine time of the worker's "
+                               "batches", labels=labels)
+    per_device: dict[str, list[float]] = {}
+    for worker in workers:
+        label = [str(worker["worker"]), str(worker["device"])]
+        up.add_metric(label, int(worker["state"] == "serving"))
+        held.add_metric(label, worker["in_flight"])
+        restarts.add_metric(label, worker["restarts"])
+        if worker.get("answered_stats"):
+            batches.add_metric(label, worker["batches"])
+            busy.add_metric(label, worker["engine_seconds"])
+            sums = per_device.setdefault(str(worker["device"]), [0, 0.0])
+            sums[0] += worker["batches"]
+            sums[1] += worker["engine_seconds"]
+    device_batches = CounterMetricFamily(f"{PREFIX}_device_batches", "Batches run on each "
+                                         "device (GPU), over its workers", labels=["device"])
+    device_busy = CounterMetricFamily(f"{PREFIX}_device_engine_seconds", "Engine time on each "
+                                      "device (GPU), over its workers", labels=["device"])
+    for device, (n, seconds) in per_device.items():
+        device_batches.add_metric([device], n)
+        device_busy.add_metric([device], seconds)
+    yield from (up, held, restarts, batches, busy, device_batches, device_busy)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -89,6 +121,7 @@ def _info(snap: dict[str, Any]) -> GaugeMetricFamily:
               "engine": snap.get("engine", {}).get("type", ""),
               "device": snap.get("engine", {}).get("device", ""),
               "sessions": str(snap["config"]["num_inference_sessions"]),
+              "workers": str(snap["config"].get("workers", 1)),
               "max_batch_size": str(snap["config"]["max_batch_size"])}
     info = GaugeMetricFamily(f"{PREFIX}_info", "What is being served (value is always 1)",
                              labels=list(labels))

@@ -7,6 +7,7 @@ single source of truth for both the ``stats`` protocol op and the Prometheus exp
 from __future__ import annotations
 
 import bisect
+import copy
 import threading
 import time
 from collections import Counter, deque
@@ -18,9 +19,10 @@ TIME_BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 #: Recent samples kept per timing for percentiles.
 RESERVOIR = 8192
 #: Events counted by ``count_event``: connections refused at the cap, closed for idling, for a
-#: frame arriving too slowly, or for not reading replies; sessions replaced after dying.
+#: frame arriving too slowly, or for not reading replies; sessions, and worker processes,
+#: replaced after dying.
 EVENTS = ("connection_refused", "idle_timeout", "frame_timeout", "send_timeout",
-          "session_restart")
+          "session_restart", "worker_restart")
 
 
 class Timing:
@@ -43,6 +45,19 @@ class Timing:
         self.maximum = max(self.maximum, seconds)
         self.buckets[bisect.bisect_left(TIME_BUCKETS, seconds)] += 1
         self.recent.append(seconds)
+
+    def to_raw(self) -> dict[str, Any]:
+        """Every figure as plain data, for another process to ``absorb``."""
+        return {"count": self.count, "total": self.total, "maximum": self.maximum,
+                "buckets": list(self.buckets), "recent": list(self.recent)}
+
+    def absorb(self, raw: dict[str, Any]) -> None:
+        """Add another timing's figures (from ``to_raw``) to this one."""
+        self.count += raw["count"]
+        self.total += raw["total"]
+        self.maximum = max(self.maximum, raw["maximum"])
+        self.buckets = [a + b for a, b in zip(self.buckets, raw["buckets"])]
+        self.recent.extend(raw["recent"])
 
     def summary(self) -> dict[str, float]:
         """Count, mean and max over all samples; p50/p90/p99 over the recent ones (milliseconds)."""
@@ -126,6 +141,34 @@ class ServerStats:
         with self._lock:
             self.connections_open += 1 if opened else -1
             self.connections_total += 1 if opened else 0
+
+    def batch_figures(self) -> dict[str, Any]:
+        """What a worker process reports to the front end: its batches, queue and engine times
+        and events, as plain data for ``absorb``."""
+        with self._lock:
+            return {"batches": self.batches, "batch_sizes": dict(self.batch_sizes),
+                    "batch_rows": self.batch_rows, "queue_time": self.queue_time.to_raw(),
+                    "engine_time": self.engine_time.to_raw(), "events": dict(self.events)}
+
+    def absorb(self, figures: dict[str, Any]) -> None:
+        """Add a worker's ``batch_figures`` to these statistics (on a ``copy``, for a view
+        summed over workers)."""
+        with self._lock:
+            self.batches += figures["batches"]
+            self.batch_sizes.update({int(k): v for k, v in figures["batch_sizes"].items()})
+            self.batch_rows += figures["batch_rows"]
+            self.queue_time.absorb(figures["queue_time"])
+            self.engine_time.absorb(figures["engine_time"])
+            self.events.update(figures["events"])
+
+    def copy(self) -> ServerStats:
+        """An independent copy of every figure."""
+        with self._lock:
+            twin = ServerStats()
+            for name, value in vars(self).items():
+                if name != "_lock":
+                    setattr(twin, name, copy.deepcopy(value))
+            return twin
 
     def snapshot(self) -> dict[str, Any]:
         """A plain-data copy of every figure (msgpack and JSON friendly)."""

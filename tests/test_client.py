@@ -63,9 +63,9 @@ def test_one_shot_reads_a_long_context_from_a_file(server: InferenceServer,
          "--question", QUESTIONS[4], "--context_file", str(article)],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "answer: " in done.stdout
-    assert server.task is not None  # every window of the whole file was run:
+    assert server.backend.task is not None  # every window of the whole file was run:
     assert server.stats.snapshot()["batch_rows"] - rows_before == \
-        server.task.preprocess(QUESTIONS[4], context).rows
+        server.backend.task.preprocess(QUESTIONS[4], context).rows
     missing = subprocess.run([sys.executable, "client.py", "--question", "Who?", "--context_file",
                               str(tmp_path / "none.txt")], cwd=ROOT, capture_output=True,
                              text=True, timeout=60)

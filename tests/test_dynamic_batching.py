@@ -153,7 +153,7 @@ def burst_batch_sizes(server: InferenceServer, engine: TimedEngine, count: int) 
     engine.gate.clear()
     with Client(*server.address) as client:
         blocker = client.submit(QUESTIONS[0], " ".join(CONTEXTS * 3))
-        while server.stats.snapshot()["in_flight"] < 1 or len(server.queue):
+        while server.stats.snapshot()["in_flight"] < 1 or len(server.backend.queue):
             time.sleep(0.01)  # the session has taken the blocker and waits at the gate
         futures = [client.submit(QUESTIONS[i % 6], CONTEXTS[i % 6]) for i in range(count)]
         while server.stats.admitted < count + 1:

@@ -194,7 +194,7 @@ def test_after_the_fuzzing_the_server_is_healthy_and_holds_nothing(
     assert healthy.wrong == [] and healthy.answered > 0
     wait_until(lambda: srv.stats.snapshot()["connections_open"] == 0)
     snapshot = srv.stats.snapshot()
-    assert snapshot["in_flight"] == 0 and len(srv.queue) == 0
+    assert snapshot["in_flight"] == 0 and len(srv.backend.queue) == 0
     assert all("internal" not in outcomes for outcomes in snapshot["requests"].values())
     assert srv.ready
     seen = {f"{op}:{code}" for op, outcomes in snapshot["requests"].items() for code in outcomes}

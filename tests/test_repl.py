@@ -105,8 +105,8 @@ def terminals() -> Iterator[list[Terminal]]:
 
 
 def rows_for(srv: InferenceServer, question: str, context: str) -> int:
-    assert srv.task is not None
-    return srv.task.preprocess(question, context).rows
+    assert srv.backend.task is not None
+    return srv.backend.task.preprocess(question, context).rows
 
 
 def test_a_20000_character_line_pasted_in_a_terminal_reaches_the_server_whole(

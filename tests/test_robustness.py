@@ -70,7 +70,7 @@ def test_beyond_the_queue_bound_requests_get_overloaded_at_once(gated: Any) -> N
     assert set(refused) == {5, 6, 7, 8}
     assert {r["error"]["code"] for r in refused.values()} == {"overloaded"}  # before tokenizing
     assert "max_queue" in refused[5]["error"]["message"]
-    assert len(srv.queue) == 4
+    assert len(srv.backend.queue) == 4
     engine.gate.set()
     answered = conn.recv_replies(5)
     assert set(answered) == {0, 1, 2, 3, 4} and all(r["ok"] for r in answered.values())
@@ -105,12 +105,12 @@ def test_a_client_that_leaves_has_its_queued_requests_dropped_before_the_engine(
     leaving = RawConnection(srv.address)
     hold_the_session(srv, engine, leaving)
     leaving.send_raw(frames(*(qa(rid, timeout_ms=60_000) for rid in range(1, 4))))
-    wait_until(lambda: len(srv.queue) == 3)
+    wait_until(lambda: len(srv.backend.queue) == 3)
     # gone for good (a reset): a plain FIN would read as a half-close, which still gets replies
     leaving.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     leaving.close()
     wait_until(lambda: outcomes(srv).get("client_gone") == 3)  # purged at once, engine still held
-    assert len(srv.queue) == 0
+    assert len(srv.backend.queue) == 0
     calls = engine.calls
     engine.gate.set()
     with Client(*srv.address) as client:
@@ -130,7 +130,7 @@ def test_work_still_queued_when_the_shutdown_timeout_runs_out_is_refused(
     conn = RawConnection(srv.address)
     hold_the_session(srv, engine, conn)
     conn.send_raw(frames(qa(1), qa(2)))
-    wait_until(lambda: len(srv.queue) == 2)
+    wait_until(lambda: len(srv.backend.queue) == 2)
     assert srv.shutdown(timeout=0.3) is False  # request 0 is stuck in the engine
     replies = conn.recv_replies(2)
     assert {r["error"]["code"] for r in replies.values()} == {"shutting_down"}
@@ -270,7 +270,7 @@ def test_after_a_fatal_error_nothing_more_is_sent_or_run_for_that_connection(
     conn = RawConnection(srv.address)
     hold_the_session(srv, engine, conn)
     conn.send(qa(1, timeout_ms=60_000))
-    wait_until(lambda: len(srv.queue) == 1)
+    wait_until(lambda: len(srv.backend.queue) == 1)
     conn.send_raw(header(5) + b"\xc1" * 5)  # not msgpack: fatal
     error = conn.recv_message()
     assert error is not None and error["id"] is None and error["error"]["code"] == "protocol_error"
@@ -309,7 +309,7 @@ def test_shutdown_delivers_replies_still_waiting_for_a_slow_clients_socket(
     stopper.start()
     wait_until(lambda: not srv.ready)
     engine.gate.set()  # the 50 answers go behind the stats replies, into the outbox
-    wait_until(lambda: not any(s.is_alive() for s in srv.pool.sessions))
+    wait_until(lambda: not any(s.is_alive() for s in srv.backend.pool.sessions))
     ids = set()
     # read at last, while shutting down, and slowly: the server must not close (and reset the
     # connection, destroying replies in flight) before this client has received every reply

@@ -105,7 +105,7 @@ def test_a_busy_metrics_port_also_fails_before_the_model_is_loaded(tiny_model_di
         server = InferenceServer(config)
         with pytest.raises(BindError, match="--metrics_port"):
             server.start()
-    assert server.pool is None and server.task is None  # it failed before loading anything
+    assert server.backend is None  # it failed before loading anything
     bind_socket("127.0.0.1", port).close()  # and released the port it had bound
 
 

@@ -1,0 +1,179 @@
+"""--workers N: real worker processes behind one port, with real sockets and a tiny ONNX model."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from client import Client
+from protocol import BadRequest, DeadlineExceeded, encode_frame, qa_request
+from server import InferenceServer, ServerConfig
+from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, Reference, wait_until
+from tests.test_server_process import drain_log, start_server
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def worker_config(model_dir: Path, **overrides: object) -> ServerConfig:
+    settings: dict[str, object] = dict(port=0, model_dir=str(model_dir), workers=2,
+                                       num_inference_sessions=1, threads_per_session=1,
+                                       max_batch_size=4)
+    settings.update(overrides)
+    return ServerConfig(**settings)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir: Path) -> Iterator[InferenceServer]:
+    with InferenceServer(worker_config(tiny_model_dir, metrics_port=0)) as srv:
+        yield srv
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_one_pipelined_connection_spreads_over_every_worker_with_unchanged_answers(
+        served: InferenceServer, tiny_model_dir: Path) -> None:
+    with Client(*served.address) as client:
+        before = {w["worker"]: w["batch_rows"] for w in client.stats(timeout=30)["workers"]}
+        total = 120
+        futures = [client.submit(QUESTIONS[i % 6], CONTEXTS[i % 6] * (1 + i % 3))
+                   for i in range(total)]
+        answers = [future.result(timeout=60) for future in futures]
+        stats = client.stats(timeout=30)
+    reference = Reference(tiny_model_dir)
+    for i in range(6):  # the workers' answers are the in-process task's
+        assert answers[i] == reference.answer(QUESTIONS[i % 6], CONTEXTS[i % 6] * (1 + i % 3))
+    rows = {w["worker"]: w["batch_rows"] - before[w["worker"]] for w in stats["workers"]}
+    assert sorted(rows) == [0, 1] and all(n > 0 for n in rows.values()), rows
+    assert all(w["state"] == "serving" and w["pid"] != os.getpid() for w in stats["workers"])
+    assert stats["ready"] is True
+
+
+def test_typed_errors_come_back_from_the_workers(served: InferenceServer) -> None:
+    with Client(*served.address) as client:
+        with pytest.raises(BadRequest, match="question is too long"):  # found by the tokenizer
+            client.answer("a," * 400, CONTEXTS[0], timeout=30)
+        with pytest.raises(DeadlineExceeded):
+            client.submit(QUESTIONS[0], CONTEXTS[0] * 40, timeout_ms=0.001).result(timeout=30)
+        assert client.answer(QUESTIONS[1], CONTEXTS[1], timeout=30)["answer"]
+
+
+def scrape(srv: InferenceServer) -> dict[tuple, float]:
+    """{(sample name, labels...): value} of every /metrics sample."""
+    assert srv.metrics_address is not None
+    host, port = srv.metrics_address
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {(s.name, *sorted(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_stats_and_metrics_are_summed_over_workers_with_series_per_worker(
+        served: InferenceServer) -> None:
+    with Client(*served.address) as client:
+        for future in [client.submit(QUESTIONS[i % 6], CONTEXTS[i % 6]) for i in range(40)]:
+            future.result(timeout=60)
+        stats = client.stats(timeout=30)
+    workers = stats["workers"]
+    assert len(workers) == 2 and all(w["answered_stats"] for w in workers)
+    assert stats["batches"] == sum(w["batches"] for w in workers) > 0
+    assert stats["batch_rows"] == sum(w["batch_rows"] for w in workers)
+    assert stats["engine_time"]["count"] == stats["batches"]
+    run = sum(int(size) * n for size, n in stats["batch_size_histogram"].items())
+    assert stats["queue_time"]["count"] == run >= stats["requests"]["qa"]["ok"]
+    metrics = scrape(served)
+    per_worker = {dict(key[1:])["worker"]: value for key, value in metrics.items()
+                  if key[0] == "qa_server_worker_batches_total"}
+    assert sorted(per_worker) == ["0", "1"]
+    assert metrics[("qa_server_batches_total",)] == sum(per_worker.values()) >= stats["batches"]
+    assert all(metrics[("qa_server_worker_up", ("device", w["device"]),
+                        ("worker", str(w["worker"])))] == 1 for w in workers)
+    assert metrics[("qa_server_device_batches_total", ("device", "cpu"))] == \
+        metrics[("qa_server_batches_total",)]
+
+
+def test_a_worker_killed_under_load_loses_no_reply_and_is_restarted(
+        tiny_model_dir: Path) -> None:
+    with InferenceServer(worker_config(tiny_model_dir)) as srv:
+        with Client(*srv.address) as client:
+            victim = client.stats(timeout=30)["workers"][0]["pid"]
+        conn = RawConnection(srv.address)
+        total = 600
+        conn.send_raw(b"".join(encode_frame(qa_request(i, QUESTIONS[i % 6], CONTEXTS[i % 6] * 6))
+                               for i in range(total)))
+        wait_until(lambda: srv.stats.snapshot()["requests"].get("qa", {}).get("ok", 0) > 20)
+        os.kill(victim, signal.SIGKILL)
+        replies = conn.recv_replies(total)  # every one answered: nothing left hanging
+        codes = {reply["error"]["code"] for reply in replies.values() if not reply["ok"]}
+        assert codes <= {"worker_lost"}, codes
+        assert sum(reply["ok"] for reply in replies.values()) > total // 2  # the other served
+        wait_until(lambda: srv.ready)  # the replacement loaded and warmed up
+        with Client(*srv.address) as client:
+            stats = client.stats(timeout=30)
+            assert client.answer(QUESTIONS[2], CONTEXTS[2], timeout=30)["answer"]
+        conn.close()
+    assert not alive(victim)
+    assert stats["events"]["worker_restart"] == 1
+    assert stats["workers"][0]["restarts"] == 1 and stats["workers"][0]["pid"] != victim
+    lost = stats["requests"]["qa"].get("worker_lost", 0)
+    assert lost > 0, "the killed worker held requests (its window) when it died"
+    assert lost == sum(not reply["ok"] for reply in replies.values())
+    assert stats["in_flight"] == 0
+
+
+def test_sigterm_with_workers_drains_every_admitted_request_and_exits_zero(
+        tiny_model_dir: Path) -> None:
+    proc, address, lines = start_server("--model_dir", str(tiny_model_dir), "--workers", "2",
+                                        "--num_inference_sessions", "1",
+                                        "--threads_per_session", "1")
+    reader = drain_log(proc, lines)
+    with Client(*address) as observer:
+        pids = [w["pid"] for w in observer.stats(timeout=30)["workers"]]
+        conn = RawConnection(address)
+        total = 200
+        conn.send_raw(b"".join(encode_frame(qa_request(i, QUESTIONS[i % 6], CONTEXTS[i % 6] * 8))
+                               for i in range(total)))
+        deadline = time.monotonic() + 60
+        while (stats := observer.stats(timeout=30))["admitted"] < total:
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.01)
+        assert stats["in_flight"] > 0, "the load finished before the signal; make it heavier"
+        proc.send_signal(signal.SIGTERM)
+        replies = conn.recv_replies(total)
+    assert all(reply["ok"] for reply in replies.values())
+    assert proc.wait(timeout=60) == 0
+    reader.join(10)
+    assert "all admitted requests answered" in "".join(lines)
+    wait_until(lambda: not any(alive(pid) for pid in pids), timeout=10)
+
+
+def test_cuda_devices_without_a_gpu_fail_at_start_with_a_clear_message(
+        tiny_model_dir: Path) -> None:
+    result = subprocess.run([sys.executable, "server.py", "--port", "0", "--model_dir",
+                             str(tiny_model_dir), "--workers", "2", "--cuda_devices", "0,1"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "--cuda_devices 0,1 asks for GPUs" in result.stderr
+    assert "leave --cuda_devices out to serve on the CPU" in result.stderr
+
+
+def test_cuda_devices_must_be_gpu_indices() -> None:
+    result = subprocess.run([sys.executable, "server.py", "--cuda_devices", "first"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--cuda_devices must list GPU indices" in result.stderr
+    config = ServerConfig(workers=3, cuda_devices="0,1")
+    assert config.worker_devices() == ["cuda:0", "cuda:1", "cuda:0"]  # round-robin

@@ -1,0 +1,46 @@
+"""What the front end hands admitted requests to: the interface every way of serving implements.
+
+Two implementations today: ``LocalBackend`` (``--workers 1``: tokenize, batch and run in this
+process) and ``ProcessBackend`` (``--workers N``: a queue in the front end that N worker processes
+pull from). A networked broker (Redis Streams: front ends on one side, GPU workers on the other)
+implements the same five things: ``submit`` and ``purge`` on the way in, answers through each
+request's ``respond`` on the way out, plus ``ready``, ``describe`` and a draining ``stop``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from engines.batching import Responder, WorkItem
+
+
+class Backend(Protocol):
+    """Where admitted requests go, and how they come back."""
+
+    def start(self) -> None:
+        """Load and warm up everything; return once serving. Raises RuntimeError if it cannot."""
+
+    def submit(self, question: str, context: str, respond: Responder,
+               alive: Callable[[], bool], enqueued_at: float, deadline: float | None) -> None:
+        """Admit one request now or raise a ServerError now (BadRequest, Overloaded,
+        ShuttingDown); once admitted, ``respond`` is called exactly once, with the answer or a
+        typed error (deadline_exceeded, engine_error, worker_lost, shutting_down, ...)."""
+
+    def purge(self, drop: Callable[[WorkItem], bool]) -> list[WorkItem]:
+        """Remove still-waiting requests for which ``drop`` is true; return them unanswered."""
+
+    @property
+    def ready(self) -> bool:
+        """Loaded, warmed up and serving, everywhere."""
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting to be run."""
+
+    def describe(self) -> dict[str, Any]:
+        """The engine and batching figures, for stats."""
+
+    def stop(self, timeout: float) -> bool:
+        """Refuse new work, answer all admitted work (``shutting_down`` past ``timeout``),
+        release everything; True if all was run in time."""

@@ -1,0 +1,86 @@
+"""The front end's record of one worker process: its pipe, state and the requests it holds."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from engines.batching import WorkItem
+
+#: A worker's states: loading its model, taking work, or gone (being restarted, or stopped).
+STATES = ("starting", "serving", "lost")
+
+
+class WorkerHandle:
+    """One worker slot; its process is replaced when it dies. The fields below the pipe are
+    guarded by the owning ProcessBackend's lock, except ``send``, which locks itself.
+
+    Args:
+        index: The worker's number (0-based), stable across restarts.
+        device: Where its engines run ("cpu", "cuda:1", ...).
+    """
+
+    def __init__(self, index: int, device: str) -> None:
+        self.index = index
+        self.device = device
+        self.process: Any = None
+        self.conn: Any = None
+        self.state = "starting"
+        self.jobs: dict[int, WorkItem] = {}  # sent to the worker, not answered yet
+        self.describe: dict[str, Any] = {}  # what its ready message said
+        self.loaded = threading.Event()  # it reported ready, or failed to
+        self.load_error: str | None = None
+        self.restarts = 0
+        self.failures = 0  # consecutive restarts that did not get to serve
+        self._send_lock = threading.Lock()
+        self._figures: dict[int, dict[str, Any]] = {}
+        self._figures_cond = threading.Condition()
+
+    def attach(self, process: Any, conn: Any) -> None:
+        """A new process for this slot: starting, holding nothing."""
+        self.process, self.conn = process, conn
+        self.state, self.load_error = "starting", None
+        self.loaded.clear()
+
+    def on_ready(self, describe: dict[str, Any]) -> None:
+        """The process loaded and warmed up its engines."""
+        self.describe = describe
+        self.state = "serving"
+        self.loaded.set()
+
+    def detach(self) -> tuple[list[WorkItem], bool]:
+        """The process ended: return the requests it held, and whether it had been serving."""
+        orphans = list(self.jobs.values())
+        self.jobs.clear()
+        was_serving = self.state == "serving"
+        self.state = "lost"
+        return orphans, was_serving
+
+    def send(self, message: tuple[Any, ...]) -> bool:
+        """Send one message on the pipe; False if the process is gone (its reader notices)."""
+        with self._send_lock:
+            try:
+                self.conn.send(message)
+                return True
+            except (OSError, ValueError, AttributeError):
+                return False
+
+    def on_figures(self, token: int, figures: dict[str, Any]) -> None:
+        """The worker answered a stats query."""
+        with self._figures_cond:
+            self._figures[token] = figures
+            self._figures_cond.notify_all()
+
+    def figures(self, token: int, until: float) -> dict[str, Any]:
+        """This worker's state, and its answer to query ``token`` if it comes before ``until``."""
+        with self._figures_cond:
+            if self.state == "serving":
+                self._figures_cond.wait_for(lambda: token in self._figures,
+                                            max(0.0, until - time.monotonic()))
+            figures = self._figures.pop(token, None)
+            self._figures.clear()  # answers to queries that timed out
+        device = self.describe.get("engine", {}).get("device", self.device)
+        return {"worker": self.index, "pid": getattr(self.process, "pid", None),
+                "device": device, "state": self.state, "in_flight": len(self.jobs),
+                "restarts": self.restarts, "figures": figures}

@@ -1,0 +1,164 @@
+"""Serving in one process: the QA task, a shared queue, N session threads and the deadline
+reaper. ``--workers 1`` serves this way inside the server's own process; with ``--workers N``
+each worker process runs one of these behind its pipe (workers/worker_main.py)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from engines import load_engine
+from engines.base import Engine
+from engines.batching import BatchPolicy, DeadlineReaper, Responder, WorkItem, WorkQueue
+from engines.cost_model import CostModel
+from engines.model_dir import ModelInfo
+from engines.pool import SessionPool
+from engines.qa import QAConfig, QATask
+from engines.session import InferenceSession
+from protocol.errors import ShuttingDown
+from settings.server_config import ServerConfig
+from telemetry.stats import ServerStats
+
+log = logging.getLogger(__name__)
+
+
+def qa_config(config: ServerConfig, info: ModelInfo) -> QAConfig:
+    """How requests are windowed and answered, from the settings and the model's metadata."""
+    no_answer = info.squad2 if config.no_answer == "auto" else config.no_answer == "on"
+    return QAConfig(max_seq_len=min(config.max_seq_len, info.max_seq_len),
+                    doc_stride=config.doc_stride, max_answer_len=config.max_answer_len,
+                    handle_impossible_answer=no_answer)
+
+
+def batch_policy(config: ServerConfig) -> BatchPolicy:
+    """How a free session forms its next batch, from the settings (with a fresh cost model)."""
+    return BatchPolicy(mode=config.batching, max_items=config.max_batch_size,
+                       max_tokens=config.max_batch_tokens,
+                       max_delay_s=config.max_queue_delay_ms / 1000,
+                       lookahead=config.batch_lookahead, cost=CostModel())
+
+
+class LocalBackend:
+    """Tokenizes requests as they are submitted and runs them on ``num_inference_sessions``
+    threads, each with its own engine.
+
+    Args:
+        config: Serving settings.
+        info: The prepared model's metadata.
+        stats: Where batch figures and session restarts are counted.
+        device: The engines' device (default: ``config.device``).
+        engine_factory: Builds each session's engine (default: ``load_engine`` per the config).
+    """
+
+    def __init__(self, config: ServerConfig, info: ModelInfo, stats: ServerStats,
+                 device: str | None = None,
+                 engine_factory: Callable[[], Engine] | None = None) -> None:
+        self.config = config
+        self.info = info
+        self.stats = stats
+        self.device = device or config.device
+        self.engine_factory = engine_factory or partial(
+            load_engine, config.inference_engine_type, config.model_dir, device=self.device,
+            threads=config.engine_threads())
+        self.queue = WorkQueue(config.max_queue)
+        self.policy = batch_policy(config)
+        self.task: QATask | None = None
+        self.pool: SessionPool | None = None
+        self._reaper = DeadlineReaper(self.queue)
+
+    def start(self) -> None:
+        """Load the tokenizer, then every session's engine (warmed up), then serve.
+
+        Raises:
+            RuntimeError: a session could not load its engine.
+        """
+        self.task = QATask.from_dir(self.config.model_dir, qa_config(self.config, self.info),
+                                    input_names=self.info.input_names)
+        self._start_sessions(self.task)
+        self._reaper.start()
+
+    def _start_sessions(self, task: QATask) -> None:
+        cfg = self.config
+        longest = task.config.max_seq_len
+        warmup = sorted({n for n in (64, 128, 256) if n < longest} | {longest})
+
+        def make(index: int, initial: bool) -> InferenceSession:
+            # One session times the warm-up shapes for the shared cost model (sessions warming
+            # at once would time each other's contention); every session primes its engine.
+            timed = cfg.batching == "auto" and index == 0 and initial
+            return InferenceSession(index, self.engine_factory, task, self.queue, self.policy,
+                                    self.stats, warmup=warmup if timed else ())
+
+        self.pool = SessionPool(cfg.num_inference_sessions, make,
+                                on_restart=lambda: self.stats.count_event("session_restart"))
+        try:
+            self.pool.start()
+        except RuntimeError:
+            self.queue.close()
+            raise
+
+    def submit(self, question: str, context: str, respond: Responder, alive: Callable[[], bool],
+               enqueued_at: float, deadline: float | None) -> None:
+        """Tokenize one request and queue it; ``respond`` is called once when it is answered.
+
+        Raises:
+            BadRequest: text the model cannot take.
+            ShuttingDown: the queue is closed.
+            Overloaded: the queue is full (checked before the cost of tokenizing, and again).
+        """
+        if self.task is None:
+            raise ShuttingDown("not serving yet")
+        self.queue.check_room()
+        features = self.task.preprocess(question, context)
+        self.queue.put(WorkItem(features=features, respond=respond, alive=alive,
+                                rows=features.rows, length=features.max_len,
+                                enqueued_at=enqueued_at, deadline=deadline))
+
+    @property
+    def ready(self) -> bool:
+        """True while every session is loaded, warmed up and serving."""
+        return self.pool is not None and self.pool.serving
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting for a session."""
+        return len(self.queue)
+
+    @property
+    def engine(self) -> Engine | None:
+        """A serving session's engine, for describing what is served."""
+        return self.pool.engine if self.pool is not None else None
+
+    def purge(self, drop: Callable[[WorkItem], bool]) -> list[WorkItem]:
+        """Remove and return the queued items for which ``drop`` is true (unanswered)."""
+        return self.queue.purge(drop)
+
+    def describe(self) -> dict[str, Any]:
+        """The engine, device and batching figures, for stats and logs."""
+        engine = self.engine
+        out: dict[str, Any] = {"cost_model_ms": self.policy.cost.table() if self.policy.cost
+                               else {}, "max_batch_size": self.policy.cap}
+        if engine is not None:
+            out["engine"] = {"type": engine.name, "device": engine.device,
+                             "description": engine.describe()}
+        return out
+
+    def stop(self, timeout: float) -> bool:
+        """Refuse new work, let the sessions drain what was admitted, and stop them.
+
+        Work still queued when ``timeout`` runs out is answered with ``shutting_down``.
+
+        Returns:
+            True if every admitted request was run in time.
+        """
+        self.queue.close()
+        drained = self.pool.join(timeout) if self.pool is not None else True
+        if not drained:
+            stopped = ShuttingDown("server stopped before this request could run")
+            for item in self.queue.purge(lambda item: True):
+                item.answer(None, stopped)
+        if self._reaper.is_alive():
+            self._reaper.join(1.0)
+        return drained

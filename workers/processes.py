@@ -1,0 +1,349 @@
+"""``--workers N``: N worker processes behind the front end's one shared queue.
+
+The front end (server.py's process) only frames, validates and queues requests. A dispatcher
+thread hands the oldest queued requests to the worker with the fewest in hand, and only to a
+worker holding fewer than its ``window``: a busy worker is never handed more while another is
+idle, and what no worker can take yet waits in the front end's queue, where deadlines and the
+overload cap apply as with one process. Each worker tokenizes, batches (cost-aware, its own
+cost model), runs its sessions and post-processes; answers come back in bulk on its pipe.
+
+A worker that dies (SIGKILL, a crash) is noticed when its pipe closes: every request it held is
+answered with ``worker_lost`` at once, and it is restarted (with a growing back-off while
+restarts keep failing to load) while the others keep serving.
+
+The queue sits behind ``Backend`` (workers/backend.py); a networked broker implements the same.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from engines.batching import DeadlineReaper, Responder, WorkItem, WorkQueue
+from engines.model_dir import ModelInfo
+from engines.pool import BACKOFF_S
+from protocol.errors import ShuttingDown, WorkerLost, error_for_code
+from settings.server_config import ServerConfig
+from telemetry.stats import ServerStats
+from workers.handle import WorkerHandle
+from workers.worker_main import Job
+
+ROOT = Path(__file__).resolve().parent.parent
+
+log = logging.getLogger(__name__)
+
+#: Seconds a stop waits for a drained worker process to exit before killing it.
+EXIT_WAIT_S = 10.0
+
+
+class ProcessBackend:
+    """Worker processes, one per entry of ``config.worker_devices()``.
+
+    Args:
+        config: Serving settings (each worker runs ``num_inference_sessions`` sessions).
+        info: The prepared model's metadata.
+        stats: The front end's statistics (worker restarts are counted here).
+        log_level: The workers' logging level.
+    """
+
+    def __init__(self, config: ServerConfig, info: ModelInfo, stats: ServerStats,
+                 log_level: int = logging.INFO) -> None:
+        self.config = config
+        self.info = info
+        self.stats = stats
+        self.log_level = log_level
+        self.queue = WorkQueue(config.max_queue)
+        #: Most requests one worker holds at once: one batch running, the next one forming.
+        self.window = max(2, 2 * config.max_batch_size)
+        self.handles = [WorkerHandle(i, device) for i, device in
+                        enumerate(config.worker_devices())]
+        self._cond = threading.Condition()  # guards the handles' state and jobs
+        self._ids = itertools.count()
+        self._reaper = DeadlineReaper(self.queue)
+        self._dispatcher = threading.Thread(target=self._dispatch, name="dispatcher", daemon=True)
+        self._timers: list[threading.Timer] = []
+        self._started = False
+        self._stopping = False
+
+    # -- start -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start every worker and wait until each has loaded and warmed up.
+
+        Raises:
+            RuntimeError: a worker could not start (the server cannot start).
+        """
+        for handle in self.handles:
+            self._spawn(handle)
+        for handle in self.handles:
+            handle.loaded.wait()
+        failed = next((h for h in self.handles if h.load_error is not None), None)
+        if failed is not None:
+            self._stopping = True
+            self.queue.close()
+            self._stop_workers(time.monotonic() + 5)
+            raise RuntimeError(f"worker {failed.index} could not start: {failed.load_error}")
+        self._started = True
+        self._reaper.start()
+        self._dispatcher.start()
+
+    def _spawn(self, handle: WorkerHandle) -> None:
+        """Start a (new) process for ``handle``, and the thread that reads its pipe.
+
+        A fresh interpreter (``python -m workers.worker_main``), not a fork of this threaded
+        process, and not multiprocessing's spawn, which would re-run the user's main module.
+        """
+        ours_sock, theirs = socket.socketpair()
+        with theirs:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "workers.worker_main", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), env=_worker_env())
+        ours = Connection(ours_sock.detach())
+        ours.send((self.config, handle.index, handle.device, self.log_level))
+        with self._cond:
+            handle.attach(process, ours)
+        threading.Thread(target=self._receive, args=(handle, process, ours), daemon=True,
+                         name=f"worker-{handle.index}-pipe").start()
+
+    # -- what the server calls -----------------------------------------------------------------
+    def submit(self, question: str, context: str, respond: Responder, alive: Any,
+               enqueued_at: float, deadline: float | None) -> None:
+        """Queue one request for the next worker with room (it is tokenized there).
+
+        Raises:
+            ShuttingDown: the queue is closed.
+            Overloaded: the queue is full.
+        """
+        self.queue.put(WorkItem(features=(question, context), respond=respond, alive=alive,
+                                enqueued_at=enqueued_at, deadline=deadline))
+
+    @property
+    def ready(self) -> bool:
+        """True while every worker is loaded, warmed up and serving."""
+        with self._cond:
+            return self._started and not self._stopping and \
+                all(h.state == "serving" for h in self.handles)
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting in the front end for a worker with room."""
+        return len(self.queue)
+
+    def purge(self, drop: Any) -> list[WorkItem]:
+        """Remove and return the front end's queued items for which ``drop`` is true."""
+        return self.queue.purge(drop)
+
+    def describe(self) -> dict[str, Any]:
+        """The first serving worker's engine and batching figures."""
+        with self._cond:
+            return next((dict(h.describe) for h in self.handles if h.describe), {})
+
+    # -- dispatch ------------------------------------------------------------------------------
+    def _room(self) -> int:
+        return sum(max(0, self.window - len(h.jobs)) for h in self.handles
+                   if h.state == "serving")
+
+    def _dispatch(self) -> None:
+        """Hand queued requests to workers with room until the queue is closed and drained."""
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopping or self._room() > 0)
+                if self._stopping:
+                    return
+                room = self._room()
+            items = self.queue.take_upto(room)
+            if not items:
+                return
+            self._assign(items)
+
+    def _assign(self, items: list[WorkItem]) -> None:
+        """Give each item to the serving worker holding fewest; send each worker its share."""
+        shares: dict[WorkerHandle, list[Job]] = {}
+        unplaced: list[WorkItem] = []
+        with self._cond:
+            open_handles = [h for h in self.handles if h.state == "serving"]
+            for item in items:
+                if not item.alive():  # its client left while it waited
+                    item.answered = True
+                    self.stats.on_finished("client_gone", None)
+                    continue
+                handle = min((h for h in open_handles if len(h.jobs) < self.window),
+                             key=lambda h: len(h.jobs), default=None)
+                if handle is None:
+                    unplaced.append(item)
+                    continue
+                job_id = next(self._ids)
+                handle.jobs[job_id] = item
+                question, context = item.features
+                shares.setdefault(handle, []).append(
+                    (job_id, question, context, item.enqueued_at, item.deadline))
+        if unplaced:  # a worker was lost meanwhile: they wait for the next one with room
+            self.queue.requeue(unplaced)
+        for handle, jobs in shares.items():
+            handle.send(("jobs", jobs))  # a worker that died meanwhile: its pipe thread answers
+
+    # -- a worker's pipe -----------------------------------------------------------------------
+    def _receive(self, handle: WorkerHandle, process: Any, conn: Any) -> None:
+        """Read one worker process's messages until its pipe closes, then account for it."""
+        try:
+            while True:
+                message = conn.recv()
+                kind = message[0]
+                if kind == "answers":
+                    self._answered(handle, message[1])
+                elif kind == "ready":
+                    with self._cond:
+                        handle.on_ready(message[1])
+                        self._cond.notify_all()
+                    log.info("worker %d (pid %d) serving on %s", handle.index, process.pid,
+                             handle.device)
+                elif kind == "stats":
+                    handle.on_figures(message[1], message[2])
+                elif kind == "failed":
+                    handle.load_error = message[1]
+        except (EOFError, OSError):
+            pass
+        _wait(process, EXIT_WAIT_S)
+        self._lost(handle, process)
+
+    def _answered(self, handle: WorkerHandle, answers: list[Any]) -> None:
+        with self._cond:
+            done = [(handle.jobs.pop(job_id, None), result, code, message)
+                    for job_id, result, code, message in answers]
+            self._cond.notify_all()  # room for the dispatcher; progress for a draining stop
+        for item, result, code, message in done:
+            if item is not None:
+                item.answer(result, None if code is None else
+                            error_for_code(code, message, request_id=None))
+
+    def _lost(self, handle: WorkerHandle, process: Any) -> None:
+        """A worker process ended: answer what it held; unless stopping, restart it."""
+        with self._cond:
+            if handle.process is not process:
+                return
+            orphans, was_serving = handle.detach()
+            self._cond.notify_all()
+        how = _exit_words(process.returncode)
+        if not handle.loaded.is_set():  # it ended while loading
+            handle.load_error = handle.load_error or f"worker process {how} while loading"
+            handle.loaded.set()
+        if orphans:
+            error = WorkerLost(f"worker {handle.index} (pid {process.pid}) {how} holding this "
+                               "request; it is being restarted; the request may be sent again")
+            for item in orphans:
+                item.answer(None, error)
+        if self._stopping or not self._started:
+            return
+        self._restart(handle, was_serving, how, len(orphans))
+
+    def _restart(self, handle: WorkerHandle, was_serving: bool, how: str, orphans: int) -> None:
+        if was_serving:
+            handle.failures = 0  # it had served: replace it at once, and back off afresh
+        delay = BACKOFF_S[min(handle.failures, len(BACKOFF_S) - 1)]
+        handle.failures += 1
+        handle.restarts += 1
+        self.stats.count_event("worker_restart")
+        log.error("worker %d %s (%d requests answered worker_lost); restarting it in %g s "
+                  "(restart #%d)", handle.index, how, orphans, delay, handle.restarts)
+        timer = threading.Timer(delay, self._respawn, args=(handle,))
+        timer.name, timer.daemon = f"restart-worker-{handle.index}", True
+        self._timers.append(timer)
+        timer.start()
+
+    def _respawn(self, handle: WorkerHandle) -> None:
+        if not self._stopping:
+            self._spawn(handle)
+
+    # -- figures -------------------------------------------------------------------------------
+    def worker_figures(self, timeout: float = 2.0) -> list[dict[str, Any]]:
+        """Each worker's state and, where it answers within ``timeout``, its batch figures."""
+        token = next(self._ids)
+        for handle in self.handles:
+            if handle.state == "serving":
+                handle.send(("stats", token))
+        until = time.monotonic() + timeout
+        return [handle.figures(token, until) for handle in self.handles]
+
+    # -- stop ----------------------------------------------------------------------------------
+    def stop(self, timeout: float) -> bool:
+        """Refuse new work; let the workers finish what was admitted; stop them.
+
+        What is still queued or held when ``timeout`` runs out is answered ``shutting_down``.
+
+        Returns:
+            True if every admitted request was answered in time.
+        """
+        until = time.monotonic() + timeout
+        self.queue.close()
+        with self._cond:
+            while not (drained := not len(self.queue) and not any(h.jobs for h in self.handles)):
+                if time.monotonic() >= until:
+                    break
+                self._cond.wait(0.05)
+            self._stopping = True
+            self._cond.notify_all()
+        for timer in self._timers:
+            timer.cancel()
+        if not drained:
+            self._give_up()
+        self._stop_workers(until)
+        for thread in (self._dispatcher, self._reaper):
+            if thread.is_alive():
+                thread.join(1.0)
+        return drained
+
+    def _give_up(self) -> None:
+        """Answer everything still queued or held with ``shutting_down``."""
+        stopped = ShuttingDown("server stopped before this request could run")
+        with self._cond:
+            held = [item for h in self.handles for item in h.jobs.values()]
+            for handle in self.handles:
+                handle.jobs.clear()
+        for item in held + self.queue.purge(lambda item: True):
+            item.answer(None, stopped)
+
+    def _stop_workers(self, until: float) -> None:
+        """Tell every worker to stop, wait for each (at least a few seconds), kill stragglers."""
+        for handle in self.handles:
+            handle.send(("stop",))
+        for handle in self.handles:
+            if handle.process is not None:
+                _wait(handle.process, max(5.0, until - time.monotonic()))
+                if handle.process.poll() is None:
+                    log.warning("worker %d did not exit; killing it", handle.index)
+                    handle.process.kill()
+                    _wait(handle.process, 5.0)
+
+
+def _worker_env() -> dict[str, str]:
+    """This environment, with the project importable from any working directory."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
+
+
+def _wait(process: subprocess.Popen[bytes], seconds: float) -> None:
+    try:
+        process.wait(seconds)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _exit_words(exitcode: int | None) -> str:
+    """A process's end, in words: "was killed by SIGKILL", "exited with status 1"."""
+    if exitcode is None:
+        return "closed its pipe"
+    if exitcode < 0:
+        try:
+            return f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with status {exitcode}"

@@ -1,0 +1,172 @@
+"""The body of one worker process: a LocalBackend fed through its end of a pipe.
+
+The front end starts it as ``python -m workers.worker_main FD``. Messages (pickled tuples) on the pipe, front end -> worker:
+
+    (config, index, device, log_level)        first, once
+    ("jobs", [(job_id, question, context, enqueued_at, deadline), ...])
+    ("stats", token)            ("stop",)
+
+and worker -> front end:
+
+    ("ready", describe)         ("failed", message)         ("stats", token, batch_figures)
+    ("answers", [(job_id, result or None, error code or None, error message or None), ...])
+
+Times are ``time.monotonic()`` seconds, one clock for every process of a machine. The worker
+tokenizes each job as it arrives (on the thread that reads the pipe, while its sessions run the
+engine), batches and runs them as the in-process server does, and sends answers back in bulk.
+It ignores SIGINT and SIGTERM: the front end drains and stops it, and it exits by itself when
+the front end's end of the pipe closes (the front end died).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+from engines.model_dir import load_model_info
+from protocol.errors import InternalError, ServerError
+from settings.server_config import ServerConfig
+from telemetry.stats import ServerStats
+from workers.local import LocalBackend
+
+log = logging.getLogger("worker")
+
+#: One job as it travels the pipe.
+Job = tuple[int, str, str, float, "float | None"]
+#: One answer as it travels back.
+Answer = tuple[int, "dict[str, Any] | None", "str | None", "str | None"]
+
+
+class Outbox:
+    """Answers collected from the session threads and sent back in bulk by one thread: while a
+    send is under way, the next answers gather into the next message."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._answers: list[Answer] = []
+        self._cond = threading.Condition()
+        self._send_lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="outbox", daemon=True)
+        self._thread.start()
+
+    def answer(self, job_id: int, result: dict[str, Any] | None,
+               error: ServerError | None) -> None:
+        """Queue one answer (any thread; never blocks on the pipe)."""
+        entry = (job_id, result, None, None) if error is None else \
+            (job_id, None, error.code, error.message)
+        with self._cond:
+            self._answers.append(entry)
+            if len(self._answers) == 1:
+                self._cond.notify()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        """Send one message now, between bulk sends."""
+        with self._send_lock:
+            self.conn.send(message)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._answers) or self._closed)
+                answers, self._answers = self._answers, []
+                if not answers and self._closed:
+                    return
+            try:
+                self.send(("answers", answers))
+            except OSError:  # the front end is gone: nobody to answer
+                return
+
+    def close(self) -> None:
+        """Send what is queued, then stop."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(10)
+
+
+def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
+               log_level: int = logging.INFO) -> None:
+    """Entry point of worker process ``index`` (started by workers.processes.ProcessBackend)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the front
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # end drains, then stops us itself
+    logging.basicConfig(level=log_level, format=(
+        f"%(asctime)s %(levelname)s worker-{index} %(threadName)s %(name)s: %(message)s"))
+    stats = ServerStats()
+    try:
+        info = load_model_info(config.model_dir)
+        backend = LocalBackend(replace(config, workers=1), info, stats, device=device)
+        backend.start()
+    except Exception as exc:  # noqa: BLE001 - reported to the front end, which exits
+        log.error("cannot start: %s: %s", type(exc).__name__, exc)
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", backend.describe()))
+    outbox = Outbox(conn)
+    orphaned = True  # until the front end says stop: its end of the pipe may just close
+    try:
+        orphaned = _serve(conn, backend, outbox, stats)
+    finally:
+        backend.stop(0.0 if orphaned else config.shutdown_timeout_s)
+        outbox.close()
+
+
+def _serve(conn: Connection, backend: LocalBackend, outbox: Outbox, stats: ServerStats) -> bool:
+    """Read the pipe until told to stop (False), or until the front end is gone (True)."""
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            log.warning("front end gone; stopping")
+            return True
+        kind = message[0]
+        if kind == "jobs":
+            for job in message[1]:
+                _submit(backend, outbox, job)
+        elif kind == "stats":
+            figures = stats.batch_figures()
+            figures["queue_depth"] = backend.queue_depth
+            outbox.send(("stats", message[1], figures))
+        elif kind == "stop":
+            return False
+
+
+def _submit(backend: LocalBackend, outbox: Outbox, job: Job) -> None:
+    """Tokenize and queue one job; a job that cannot be admitted is answered at once."""
+    job_id, question, context, enqueued_at, deadline = job
+
+    def respond(result: dict[str, Any] | None, error: ServerError | None) -> None:
+        outbox.answer(job_id, result, error)
+
+    try:
+        backend.submit(question, context, respond, _always, enqueued_at, deadline)
+    except ServerError as exc:
+        outbox.answer(job_id, None, exc)
+    except Exception as exc:  # noqa: BLE001 - one bad request fails alone
+        log.exception("unexpected error admitting a job")
+        outbox.answer(job_id, None, InternalError(f"{type(exc).__name__}: {exc}"))
+
+
+def _always() -> bool:
+    return True
+
+
+def main(argv: list[str]) -> int:
+    """``python -m workers.worker_main FD``: FD is this worker's end of the front end's pipe,
+    whose first message is ``(config, index, device, log_level)``."""
+    conn = Connection(int(argv[1]))
+    try:
+        config, index, device, log_level = conn.recv()
+    except (EOFError, OSError):
+        return 1
+    run_worker(config, index, device, conn, log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
