@@ -82,10 +82,11 @@ def answered(client: Client) -> int:
     return int(client.stats(timeout=30)["requests"].get("qa", {}).get("ok", 0))
 
 
-def measure_server(model_dir: str, pairs: list[tuple[str, str]],
-                   args: argparse.Namespace) -> dict[str, Any]:
-    """Saturate one zero-engine server; its CPU per request and requests/s."""
-    proc, port = start_server("zero", model_dir, args.sessions, [])
+def measure_server(model_dir: str, pairs: list[tuple[str, str]], args: argparse.Namespace,
+                   workers: int = 1) -> dict[str, Any]:
+    """Saturate one zero-engine server with ``workers`` worker processes (1: none, all in the
+    server's process); its CPU per request (front end and workers) and requests/s."""
+    proc, port = start_server("zero", model_dir, args.sessions, ["--workers", str(workers)])
     try:
         with Client("127.0.0.1", port) as control:
             requests_before, cpu_before = answered(control), process_tree_cpu_s(proc.pid)
@@ -98,7 +99,7 @@ def measure_server(model_dir: str, pairs: list[tuple[str, str]],
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
-    return {"sessions": args.sessions, "connections": args.connections,
+    return {"workers": workers, "sessions": args.sessions, "connections": args.connections,
             "pipeline": args.pipeline, "requests": requests, "server_cpu_s": cpu,
             "cpu_us_per_request": 1e6 * cpu / max(1, requests),
             "throughput_rps": run["throughput_rps"], "errors": run["errors"],
@@ -108,10 +109,12 @@ def measure_server(model_dir: str, pairs: list[tuple[str, str]],
 def report(floor_us: float, rows: list[dict[str, Any]]) -> str:
     """The results as a table, each CPU figure also as a multiple of the floor."""
     lines = [f"tokenizer floor (tokenizers alone, 1 thread): {floor_us:8.1f} us CPU per pair",
-             "layout                         requests/s   server CPU/request   x floor   errors"]
+             "layout                                    requests/s   server CPU/request   x floor"
+             "   errors"]
     for row in rows:
-        layout = f"{row['sessions']} sessions, {row['connections']}x{row['pipeline']} pipelined"
-        lines.append(f"{layout:<30} {row['throughput_rps']:10.1f}   "
+        layout = (f"{row['workers']} worker{'s' if row['workers'] > 1 else ''}, "
+                  f"{row['sessions']} sessions, {row['connections']}x{row['pipeline']} pipelined")
+        lines.append(f"{layout:<41} {row['throughput_rps']:10.1f}   "
                      f"{row['cpu_us_per_request']:14.1f} us   {row['cpu_us_per_request'] / floor_us:7.2f}"
                      f"   {row['errors'] or 'none'}")
     return "\n".join(lines)
@@ -124,7 +127,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "(only its tokenizer and input names are used)")
     p.add_argument("--data", help="request mix (default: bench/data/qa_pairs.jsonl)")
     p.add_argument("--seconds", type=float, default=15.0, help="seconds of load")
-    p.add_argument("--sessions", type=int, default=2, help="the server's inference sessions")
+    p.add_argument("--sessions", type=int, default=2, help="the server's inference sessions "
+                   "(per worker)")
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="--workers values "
+                   "to measure, one server each (1: no worker processes)")
     p.add_argument("--connections", type=int, default=8, help="client connections")
     p.add_argument("--pipeline", type=int, default=16, help="requests in flight per connection")
     p.add_argument("--processes", type=int, default=2, help="load-generator processes")
@@ -139,8 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     print(f"machine: {info}", flush=True)
     floor = tokenizer_floor_us(args.model_dir, pairs)
-    rows = [measure_server(args.model_dir, pairs, args)]
+    rows = [measure_server(args.model_dir, pairs, args, workers) for workers in args.workers]
     print(report(floor, rows), flush=True)
+    if len(rows) > 1:
+        base = rows[0]["throughput_rps"]
+        print("scaling: " + ", ".join(f"{row['workers']} workers {row['throughput_rps'] / base:.2f}x"
+                                      for row in rows[1:]) + f" the requests/s of "
+              f"{rows[0]['workers']}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": info, "argv": sys.argv[1:],
                                                "tokenizer_floor_us": floor, "server": rows},

@@ -33,7 +33,7 @@ def test_the_tokenizer_floor_is_a_positive_cost_per_pair(tiny_model_dir: Path) -
     assert tokenizer_floor_us(str(tiny_model_dir), pairs, min_seconds=0.2) > 0
 
 
-def test_the_benchmark_saturates_a_zero_engine_server_and_reports_cpu_per_request(
+def test_the_benchmark_saturates_zero_engine_servers_and_reports_cpu_per_request(
         tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "frontend.json"
     done = subprocess.run(
@@ -43,6 +43,9 @@ def test_the_benchmark_saturates_a_zero_engine_server_and_reports_cpu_per_reques
     assert done.returncode == 0, done.stderr
     assert "x floor" in done.stdout
     result = json.loads(out.read_text())
-    (row,) = result["server"]
-    assert result["tokenizer_floor_us"] > 0 and row["errors"] in ({}, None)
-    assert row["requests"] > 0 and row["cpu_us_per_request"] > 0
+    assert [row["workers"] for row in result["server"]] == [1, 2]  # in-process, then 2 workers
+    assert result["tokenizer_floor_us"] > 0
+    for row in result["server"]:
+        assert row["errors"] in ({}, None)
+        assert row["requests"] > 0 and row["cpu_us_per_request"] > 0
+    assert "scaling: 2 workers" in done.stdout
