@@ -222,6 +222,11 @@ class InferenceServer:
             stats.on_refused()  # the caller replies and counts the error
             raise
 
+    def flush(self) -> None:
+        """A connection admitted one read's requests: the backend may hand them on together."""
+        if self.backend is not None:
+            self.backend.flush()
+
     def control(self, request: Request) -> dict[str, Any]:
         """Answer a request that needs no engine: ``ping`` or ``stats``."""
         if isinstance(request, PingRequest):

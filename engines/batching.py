@@ -241,15 +241,16 @@ class WorkQueue:
             self._not_empty.notify()  # more left: wake another idle session
         return chosen
 
-    def take_upto(self, limit: int) -> list[WorkItem]:
-        """Block until work is waiting, then remove and return up to ``limit`` of the oldest
-        items, in arrival order, without forming a batch (a worker process batches them).
+    def take_upto(self, limit: int, block: bool = True) -> list[WorkItem]:
+        """Remove and return up to ``limit`` of the oldest items, in arrival order, without
+        forming a batch (a worker process batches them); with ``block``, first wait for work.
 
         Returns:
-            The items; an empty list only once the queue is closed and drained.
+            The items; when blocking, an empty list only once the queue is closed and drained.
         """
         with self._not_empty:
-            self._not_empty.wait_for(lambda: self._closed or bool(self._items))
+            if block:
+                self._not_empty.wait_for(lambda: self._closed or bool(self._items))
             taken = [self._items.popleft() for _ in range(min(limit, len(self._items)))]
             for item in taken:
                 item.queued = False

@@ -14,6 +14,7 @@ from engines.base import Engine
 from engines.batching import MIN_GAIN, BatchPolicy, WorkItem, WorkQueue
 from protocol.errors import EngineError, InternalError
 from telemetry.stats import ServerStats
+from transport.coalesce import coalesced_sends
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +177,9 @@ class InferenceSession(threading.Thread):
         if self.policy.cost is not None:
             self.policy.cost.observe(rows, length, engine_s)
         self.stats.on_batch(len(live), rows, [taken - i.enqueued_at for i in live], engine_s)
-        for item, (start, end) in zip(live, per_request):
-            self._answer(item, start, end)
+        with coalesced_sends():  # one write per connection for the batch's replies
+            for item, (start, end) in zip(live, per_request):
+                self._answer(item, start, end)
 
     def _answer(self, item: WorkItem, start: Any, end: Any) -> None:
         try:

@@ -23,6 +23,7 @@ from protocol.errors import FrameTimeout, IdleTimeout, InternalError, ProtocolEr
 from protocol.messages import REQUEST_PARSERS, QARequest, Request
 from telemetry.stats import ServerStats
 from transport.closing import DELIVERY_POLL_S, delivered, shut_write
+from transport.coalesce import holding
 
 log = logging.getLogger("server.transport")
 
@@ -44,6 +45,9 @@ class ServerHooks(Protocol):
 
     def forget(self, conn: Connection) -> None:
         """The connection has closed."""
+
+    def flush(self) -> None:
+        """The requests of one read were admitted: hand them on together."""
 
 
 #: Unsent reply bytes above which the reader stops reading requests until the client catches up.
@@ -76,6 +80,7 @@ class Connection:
         self._cond = threading.Condition()  # guards everything below
         self._pending = 0  # admitted requests not yet answered
         self._outbox = bytearray()
+        self._held = bytearray()  # frames held by coalesced_sends, written at its end
         self._writing = False
         self._writer: threading.Thread | None = None
         self._open = True
@@ -147,6 +152,8 @@ class Connection:
                 self.server.stats.count("frame", exc.code)
                 self.send(error_reply(None, exc), final=True)
                 return True
+            finally:
+                self.server.flush()  # what this read admitted goes on together
             if not data:
                 return False
         return False
@@ -194,7 +201,7 @@ class Connection:
             return self._frame_started + frame_s, FrameTimeout
         if idle_s <= 0:
             return None, None
-        if self._pending or self._outbox or self._writing:
+        if self._pending or self._outbox or self._writing or self._held:
             return now + min(idle_s, 1.0), None  # not idle: replies are owed; look again soon
         return self._last_activity + idle_s, IdleTimeout
 
@@ -264,22 +271,39 @@ class Connection:
             if not self._open or self._ending:
                 return False
             self._ending = final
-            if not self._outbox and not self._writing:
-                try:  # the usual case: the socket buffer takes the whole frame now
-                    frame = frame[self.sock.send(frame, socket.MSG_DONTWAIT):]
-                except BlockingIOError:
-                    pass
-                except OSError as exc:
-                    log.info("connection %s: send failed (%s); closing", self.peer, exc)
-                    self._close_locked()
-                    return False
-                if not frame:
-                    return True
-            self._outbox += frame
-            if self._writer is None and not self._start_writer():
+            if not final and holding(self):
+                self._held += frame
+                return True
+            return self._write_locked(frame)
+
+    def flush_held(self) -> None:
+        """Write the frames ``coalesced_sends`` held for this connection (as one write)."""
+        with self._cond:
+            if self._held:
+                frame, self._held = bytes(self._held), bytearray()
+                if self._open and not self._ending:
+                    self._write_locked(frame)
+                self._cond.notify_all()
+
+    def _write_locked(self, frame: bytes) -> bool:
+        """Send ``frame`` now if the socket takes it, else queue it for the writer (lock held).
+        False if the connection had to close."""
+        if not self._outbox and not self._writing:
+            try:  # the usual case: the socket buffer takes the whole frame now
+                frame = frame[self.sock.send(frame, socket.MSG_DONTWAIT):]
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                log.info("connection %s: send failed (%s); closing", self.peer, exc)
+                self._close_locked()
                 return False
-            self._cond.notify_all()
-            return True
+            if not frame:
+                return True
+        self._outbox += frame
+        if self._writer is None and not self._start_writer():
+            return False
+        self._cond.notify_all()
+        return True
 
     def _start_writer(self) -> bool:
         """Start the writer thread (lock held); on failure (no threads left) close."""
@@ -331,7 +355,7 @@ class Connection:
             self._ending = True
             if not self._open:
                 return True
-            if self._outbox or self._writing:
+            if self._outbox or self._writing or self._held:
                 return False
             if not self._fin_queued:
                 self._fin_queued = shut_write(self.sock)
@@ -343,7 +367,8 @@ class Connection:
     def _wait_for_pending(self) -> None:
         with self._cond:
             self._cond.wait_for(lambda: not self._open or (
-                self._pending <= 0 and not self._outbox and not self._writing))
+                self._pending <= 0 and not self._outbox and not self._writing
+                and not self._held))
 
     def close(self) -> None:
         """End the connection once; wakes the reader, the writer and any waiter. Any thread."""

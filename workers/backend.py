@@ -3,7 +3,7 @@
 Two implementations today: ``LocalBackend`` (``--workers 1``: tokenize, batch and run in this
 process) and ``ProcessBackend`` (``--workers N``: a queue in the front end that N worker processes
 pull from). A networked broker (Redis Streams: front ends on one side, GPU workers on the other)
-implements the same five things: ``submit`` and ``purge`` on the way in, answers through each
+implements the same: ``submit``, ``flush`` and ``purge`` on the way in, answers through each
 request's ``respond`` on the way out, plus ``ready``, ``describe`` and a draining ``stop``.
 """
 
@@ -26,6 +26,10 @@ class Backend(Protocol):
         """Admit one request now or raise a ServerError now (BadRequest, Overloaded,
         ShuttingDown); once admitted, ``respond`` is called exactly once, with the answer or a
         typed error (deadline_exceeded, engine_error, worker_lost, shutting_down, ...)."""
+
+    def flush(self) -> None:
+        """Hand on what was submitted so far (called once per read of a connection, so that a
+        pipelined burst can travel on as one message)."""
 
     def purge(self, drop: Callable[[WorkItem], bool]) -> list[WorkItem]:
         """Remove still-waiting requests for which ``drop`` is true; return them unanswered."""

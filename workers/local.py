@@ -116,6 +116,9 @@ class LocalBackend:
                                 rows=features.rows, length=features.max_len,
                                 enqueued_at=enqueued_at, deadline=deadline))
 
+    def flush(self) -> None:
+        """Nothing to do: sessions take from the queue as work arrives."""
+
     @property
     def ready(self) -> bool:
         """True while every session is loaded, warmed up and serving."""

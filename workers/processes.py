@@ -35,6 +35,7 @@ from engines.pool import BACKOFF_S
 from protocol.errors import ShuttingDown, WorkerLost, error_for_code
 from settings.server_config import ServerConfig
 from telemetry.stats import ServerStats
+from transport.coalesce import coalesced_sends
 from workers.handle import WorkerHandle
 from workers.worker_main import Job
 
@@ -70,7 +71,8 @@ class ProcessBackend:
         self._cond = threading.Condition()  # guards the handles' state and jobs
         self._ids = itertools.count()
         self._reaper = DeadlineReaper(self.queue)
-        self._dispatcher = threading.Thread(target=self._dispatch, name="dispatcher", daemon=True)
+        self._pump_lock = threading.Lock()  # one thread hands out work at a time
+        self._pump_wanted = False
         self._timers: list[threading.Timer] = []
         self._started = False
         self._stopping = False
@@ -94,7 +96,6 @@ class ProcessBackend:
             raise RuntimeError(f"worker {failed.index} could not start: {failed.load_error}")
         self._started = True
         self._reaper.start()
-        self._dispatcher.start()
 
     def _spawn(self, handle: WorkerHandle) -> None:
         """Start a (new) process for ``handle``, and the thread that reads its pipe.
@@ -148,22 +149,36 @@ class ProcessBackend:
             return next((dict(h.describe) for h in self.handles if h.describe), {})
 
     # -- dispatch ------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Hand queued requests to workers with room now (the reader calls this once per read,
+        so a pipelined burst travels to a worker as one message)."""
+        self._pump()
+
+    def _pump(self) -> None:
+        """Dispatch on whichever thread asks (a reader after admitting, a pipe thread after
+        answers freed room, a worker becoming ready): no dispatcher thread to wake per request.
+        A thread that finds another pumping leaves it a note to go round once more."""
+        self._pump_wanted = True
+        while self._pump_wanted and self._pump_lock.acquire(blocking=False):
+            try:
+                self._pump_wanted = False
+                while self._dispatch_once():
+                    pass
+            finally:
+                self._pump_lock.release()
+
     def _room(self) -> int:
         return sum(max(0, self.window - len(h.jobs)) for h in self.handles
                    if h.state == "serving")
 
-    def _dispatch(self) -> None:
-        """Hand queued requests to workers with room until the queue is closed and drained."""
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._stopping or self._room() > 0)
-                if self._stopping:
-                    return
-                room = self._room()
-            items = self.queue.take_upto(room)
-            if not items:
-                return
+    def _dispatch_once(self) -> bool:
+        """Move what fits from the queue to the workers; True if anything moved."""
+        with self._cond:
+            room = 0 if self._stopping else self._room()
+        items = self.queue.take_upto(room, block=False) if room else []
+        if items:
             self._assign(items)
+        return bool(items)
 
     def _assign(self, items: list[WorkItem]) -> None:
         """Give each item to the serving worker holding fewest; send each worker its share."""
@@ -204,6 +219,7 @@ class ProcessBackend:
                     with self._cond:
                         handle.on_ready(message[1])
                         self._cond.notify_all()
+                    self._pump()
                     log.info("worker %d (pid %d) serving on %s", handle.index, process.pid,
                              handle.device)
                 elif kind == "stats":
@@ -219,11 +235,13 @@ class ProcessBackend:
         with self._cond:
             done = [(handle.jobs.pop(job_id, None), result, code, message)
                     for job_id, result, code, message in answers]
-            self._cond.notify_all()  # room for the dispatcher; progress for a draining stop
-        for item, result, code, message in done:
-            if item is not None:
-                item.answer(result, None if code is None else
-                            error_for_code(code, message, request_id=None))
+            self._cond.notify_all()  # progress for a draining stop
+        self._pump()  # the room just freed
+        with coalesced_sends():  # one write per connection for the whole bulk
+            for item, result, code, message in done:
+                if item is not None:
+                    item.answer(result, None if code is None else
+                                error_for_code(code, message, request_id=None))
 
     def _lost(self, handle: WorkerHandle, process: Any) -> None:
         """A worker process ended: answer what it held; unless stopping, restart it."""
@@ -284,21 +302,22 @@ class ProcessBackend:
         """
         until = time.monotonic() + timeout
         self.queue.close()
-        with self._cond:
-            while not (drained := not len(self.queue) and not any(h.jobs for h in self.handles)):
-                if time.monotonic() >= until:
+        while True:
+            self._pump()  # what still waits goes to the workers as they free room
+            with self._cond:
+                drained = not len(self.queue) and not any(h.jobs for h in self.handles)
+                if drained or time.monotonic() >= until:
+                    self._stopping = True
+                    self._cond.notify_all()
                     break
                 self._cond.wait(0.05)
-            self._stopping = True
-            self._cond.notify_all()
         for timer in self._timers:
             timer.cancel()
         if not drained:
             self._give_up()
         self._stop_workers(until)
-        for thread in (self._dispatcher, self._reaper):
-            if thread.is_alive():
-                thread.join(1.0)
+        if self._reaper.is_alive():
+            self._reaper.join(1.0)
         return drained
 
     def _give_up(self) -> None:
