@@ -177,3 +177,22 @@ def test_cuda_devices_must_be_gpu_indices() -> None:
     assert result.returncode == 2 and "--cuda_devices must list GPU indices" in result.stderr
     config = ServerConfig(workers=3, cuda_devices="0,1")
     assert config.worker_devices() == ["cuda:0", "cuda:1", "cuda:0"]  # round-robin
+
+
+def test_overload_is_refused_in_the_front_end_and_every_request_is_answered(
+        tiny_model_dir: Path) -> None:
+    config = worker_config(tiny_model_dir, max_queue=2, max_batch_size=1)  # windows of 2
+    with InferenceServer(config) as srv:
+        conn = RawConnection(srv.address)
+        total = 300
+        conn.send_raw(b"".join(encode_frame(qa_request(i, QUESTIONS[i % 6], CONTEXTS[i % 6] * 4))
+                               for i in range(total)))
+        replies = conn.recv_replies(total)
+        conn.close()
+        outcomes = [reply["error"]["code"] if not reply["ok"] else "ok"
+                    for reply in replies.values()]
+        assert set(outcomes) == {"ok", "overloaded"}  # 2 waiting + 2 per worker at most
+        stats = srv.stats.snapshot()
+    assert stats["requests"]["qa"] == {"ok": outcomes.count("ok"),
+                                       "overloaded": outcomes.count("overloaded")}
+    assert stats["in_flight"] == 0
