@@ -55,7 +55,9 @@ class QATokenizer:
         """Load the tokenizer that ``save_pretrained`` wrote into ``model_dir``.
 
         Raises:
-            ValueError: The folder has no ``tokenizer.json`` (no fast tokenizer).
+            ValueError: The folder has no ``tokenizer.json`` (no fast tokenizer), or names a pad
+                or CLS token that its vocabulary lacks (transformers would add one, with an id
+                the model has no embedding for).
         """
         folder = Path(model_dir)
         if not (folder / TOKENIZER_FILE).is_file():
@@ -63,10 +65,9 @@ class QATokenizer:
                              f"{folder.resolve()} has none")
         backend = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
         config = {**_read_json(folder / CONFIG_FILE), **_read_json(folder / SPECIAL_TOKENS_FILE)}
-        unk_id = _token_id(backend, config.get("unk_token"), None)
-        pad_id = _token_id(backend, config.get("pad_token"), unk_id)
+        pad_id = _token_id(backend, config.get("pad_token"))
         return cls(backend=backend, pad_id=pad_id if pad_id is not None else 0,
-                   cls_id=_token_id(backend, config.get("cls_token"), unk_id),
+                   cls_id=_token_id(backend, config.get("cls_token")),
                    padding_side=config.get("padding_side", "right"),
                    truncation_side=config.get("truncation_side", "right"),
                    model_max_length=int(config.get("model_max_length") or UNLIMITED_LENGTH))
@@ -135,13 +136,19 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _token_id(backend: Tokenizer, token: str | dict[str, Any] | None,
-              unknown: int | None) -> int | None:
-    """The id of a token named in a config (a string or a saved AddedToken), as transformers
-    converts it: ``unknown`` when the vocabulary lacks it, None when no token is named."""
+def _token_id(backend: Tokenizer, token: str | dict[str, Any] | None) -> int | None:
+    """The id of a token named in a config (a string or a saved AddedToken); None when no
+    token is named.
+
+    Raises:
+        ValueError: The vocabulary lacks the token.
+    """
     if isinstance(token, dict):
         token = token.get("content")
     if not isinstance(token, str):
         return None
     found = backend.token_to_id(token)
-    return found if found is not None else unknown
+    if found is None:
+        raise ValueError(f"the tokenizer's configuration names {token!r}, which is not in its "
+                         "vocabulary")
+    return found
