@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from tokenizers import Encoding
 
 from engines.qa_features import QAFeatures, token_chars, word_chars
 
@@ -25,12 +25,12 @@ NO_ANSWER = {"answer": "", "score": 0.0, "start": 0, "end": 0}
 Span = tuple[int, int, float]  # start token, end token, score
 
 
-def best_answer(features: QAFeatures, start_logits: np.ndarray, end_logits: np.ndarray, *,
-                max_answer_len: int, align_to_words: bool, impossible: bool) -> dict[str, Any]:
-    """The best answer over all windows of one request (logits ``[rows, max_len]`` float32)."""
+def best_answer(features: QAFeatures, logits: np.ndarray, *, max_answer_len: int,
+                align_to_words: bool, impossible: bool) -> dict[str, Any]:
+    """The best answer over all windows of one request (start and end logits, float32
+    ``[2, rows, max_len]``)."""
     lengths = features.lengths.tolist()
-    start, end = window_probabilities(np.stack((start_logits, end_logits)), features.allowed,
-                                      lengths)
+    start, end = window_probabilities(logits, features.allowed, lengths)
     null_score = min(NO_NULL_SCORE, *(start[:, 0] * end[:, 0]).tolist())
     start[:, 0] = end[:, 0] = 0.0
     top_k = 2 * TOP_K + 10 if align_to_words else TOP_K  # room for merging
@@ -39,10 +39,10 @@ def best_answer(features: QAFeatures, start_logits: np.ndarray, end_logits: np.n
     candidates: dict[str, list[Any]] = {}  # lower-cased text -> [score, start, end, text]
     rows = _top_spans(start, end, lengths, top_k, max_answer_len)
     for window, allowed, spans in zip(features.windows, usable, rows):
-        chars = _CharSpans(window, align_to_words)
+        words: dict[int, tuple[int, int] | None] = {}  # token -> its word's characters
         for s, e, score in spans:
             if allowed[s] and allowed[e]:  # dropped only after the top_k are chosen
-                char_start, char_end = chars.span(s, e)
+                char_start, char_end = _char_span(window, s, e, words if align_to_words else None)
                 text = features.context[char_start:char_end]
                 known = candidates.setdefault(text.lower(), [0.0, char_start, char_end, text])
                 known[0] += score  # a text seen before keeps its first position and adds up
@@ -89,8 +89,9 @@ def _top_band_spans_of_rows(start: np.ndarray, end: np.ndarray, width: int,
     """``top_band_spans`` of every window at once, for windows of at least ``width`` tokens
     (their padding has zero probability, so it only adds zero cells after their own).
 
-    Only cells at least as good as the ``top_k + 1``-th best start's best cell are sorted: the
-    ``top_k + 1`` best cells are among them, and every other cell is strictly worse.
+    Only cells at least as good as the ``top_k + 1``-th best start's best cell are ranked: the
+    ``top_k + 1`` best cells are among them, and every other cell is strictly worse. A window
+    whose ``top_k + 1`` best cells are not strictly ranked gets None.
     """
     rows, n = start.shape
     cells = start[:, None, :] * _band_of_ends(end, width)  # [rows, width, n]: length, start
@@ -104,7 +105,7 @@ def _top_band_spans_of_rows(start: np.ndarray, end: np.ndarray, width: int,
     found: list[list[Span] | None] = []
     for row, flat in enumerate(cells.reshape(rows, -1)):
         index = np.flatnonzero(flat >= threshold[row])
-        ranked = sorted(zip(flat[index].tolist(), index.tolist()), key=_minus_score)[:top_k + 1]
+        ranked = sorted(zip(flat[index].tolist(), index.tolist()), reverse=True)[:top_k + 1]
         strict = len(ranked) > top_k and all(a[0] > b[0] for a, b in zip(ranked, ranked[1:]))
         found.append([(s, s + k, score) for score, (k, s) in
                       ((score, divmod(cell, n)) for score, cell in ranked[:top_k])]
@@ -114,10 +115,6 @@ def _top_band_spans_of_rows(start: np.ndarray, end: np.ndarray, width: int,
 
 def _score(item: Any) -> float:
     return item[0]
-
-
-def _minus_score(item: Any) -> float:
-    return -item[0]
 
 
 def _as_list(spans: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[Span]:
@@ -188,23 +185,13 @@ def top_matrix_spans(start: np.ndarray, end: np.ndarray, top_k: int,
     return starts, ends, scores[0, starts, ends]
 
 
-class _CharSpans:
-    """Character spans of token spans in one window, each token looked up once."""
-
-    def __init__(self, window: Any, align_to_words: bool) -> None:
-        self.window, self.align_to_words = window, align_to_words
-        self.words: dict[int, tuple[int, int] | None] = {}
-
-    def span(self, start: int, end: int) -> tuple[int, int]:
-        """Characters of tokens ``start..end``: their whole words when aligning and both have
-        one, else their own offsets."""
-        if self.align_to_words:
-            first, last = self._word(start), self._word(end)
-            if first is not None and last is not None:
-                return first[0], last[1]
-        return token_chars(self.window, start)[0], token_chars(self.window, end)[1]
-
-    def _word(self, token: int) -> tuple[int, int] | None:
-        if token not in self.words:
-            self.words[token] = word_chars(self.window, token)
-        return self.words[token]
+def _char_span(window: Encoding, start: int, end: int,
+               words: dict[int, tuple[int, int] | None] | None) -> tuple[int, int]:
+    """Characters of tokens ``start..end``: their whole words when aligning (``words``, a cache
+    of each token's word, is given) and both have one, else their own offsets."""
+    if words is not None:
+        first = words[start] if start in words else words.setdefault(start, word_chars(window, start))
+        last = words[end] if end in words else words.setdefault(end, word_chars(window, end))
+        if first is not None and last is not None:
+            return first[0], last[1]
+    return token_chars(window, start)[0], token_chars(window, end)[1]
