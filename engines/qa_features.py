@@ -130,11 +130,23 @@ def _token_arrays(windows: Sequence[Encoding], lengths: list[int],
     no window is shorter than the longest)."""
     longest, total = max(lengths), sum(lengths)
     ids = np.fromiter(chain.from_iterable(w.ids for w in windows), np.int64, total)
-    types = np.fromiter(chain.from_iterable(w.type_ids for w in windows), np.int64, total)
     if total == longest * len(windows):
-        return ids.reshape(-1, longest), types.reshape(-1, longest), None
+        return ids.reshape(-1, longest), _type_ids(windows, lengths, longest), None
     mask = np.arange(longest) < np.array(lengths)[:, None]
     padded_ids = np.full(mask.shape, pad_id, dtype=np.int64)
-    padded_types = np.zeros(mask.shape, dtype=np.int64)
-    padded_ids[mask], padded_types[mask] = ids, types
-    return padded_ids, padded_types, mask
+    padded_ids[mask] = ids
+    return padded_ids, _type_ids(windows, lengths, longest), mask
+
+
+def _type_ids(windows: Sequence[Encoding], lengths: list[int], longest: int) -> np.ndarray:
+    """Type ids ``[rows, longest]``, padded with 0. A window's usual type ids, zeros then ones,
+    are written as such (cheaper than converting every one); others are converted."""
+    out = np.zeros((len(windows), longest), dtype=np.int64)
+    for row, (window, n) in enumerate(zip(windows, lengths)):
+        types = window.type_ids
+        ones = types.count(1)
+        if types[n - ones:].count(1) == ones and types.count(0) == n - ones:
+            out[row, n - ones:n] = 1
+        else:
+            out[row, :n] = types
+    return out
