@@ -209,26 +209,19 @@ class QATask:
             ``{"answer": str, "score": float, "start": int, "end": int}`` with
             ``features.context[start:end] == answer``; "no answer" is ``""`` with start = end = 0.
         """
+        start_logits, end_logits = np.asarray(start_logits), np.asarray(end_logits)
+        _check_logits(features, start_logits, end_logits)
         config = self.config
-        return best_answer(features, _both_logits(features, start_logits, end_logits),
+        return best_answer(features, start_logits, end_logits,
                            max_answer_len=config.max_answer_len,
                            align_to_words=config.align_to_words,
                            impossible=config.handle_impossible_answer)
 
 
-def _both_logits(features: QAFeatures, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Start and end logits as one float32 array ``[2, rows, max_len]`` (columns past
-    ``max_len`` dropped).
-
-    Raises:
-        ValueError: They do not have one row per window and at least ``max_len`` columns.
-    """
-    start, end = np.asarray(start), np.asarray(end)
-    shape, end_shape = start.shape, end.shape
+def _check_logits(features: QAFeatures, start: np.ndarray, end: np.ndarray) -> None:
+    """Raise ValueError unless both have one row per window and at least ``max_len`` columns."""
+    shape, end_shape = np.shape(start), np.shape(end)
     if shape != end_shape or len(shape) != 2 or shape[0] != features.rows \
             or shape[1] < features.max_len:
         raise ValueError(f"logits of shapes {shape} and {end_shape} do not fit features of "
                          f"{features.rows} windows of up to {features.max_len} tokens")
-    both = np.empty((2, features.rows, features.max_len), dtype=np.float32)
-    both[0], both[1] = start[:, :features.max_len], end[:, :features.max_len]
-    return both

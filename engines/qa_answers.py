@@ -3,9 +3,13 @@
 Per window: a softmax over context tokens and CLS, the best spans of at most ``max_answer_len``
 tokens (score ``start[s] * end[e]``), widened to whole words; over the windows, same-text
 candidates (ignoring case) merged by adding scores, and an optional "no answer" scored by the
-smallest null (CLS) score. Every window of a request is scored at once; a window whose best
-spans tie, or that is too short for the band search, takes the exact per-window search, so the
-arithmetic and the picks are the pipeline's (transformers 4.57, top_k=1) in every case.
+smallest null (CLS) score. The picks and the arithmetic are the pipeline's (transformers 4.57,
+top_k=1) in every case: a window whose best spans tie takes the exact full search.
+
+Written for a server where many threads share one GIL: every numpy call here works on one
+window (at most ``max_seq_len`` values, or a few hundred cells) and no call sorts, because numpy
+lets go of the GIL for sorts and for loops over more than 500 values, and each time it does,
+this thread waits for it behind a whole tokenizer encode and comes back to cold caches.
 """
 
 from __future__ import annotations
@@ -18,31 +22,31 @@ from tokenizers import Encoding
 from engines.qa_features import QAFeatures, token_chars, word_chars
 
 TOP_K = 1  # answers per request
-MASKED_LOGIT = -10000.0  # logit given to tokens that cannot be part of an answer
+MASKED_LOGIT = np.float32(-10000.0)  # logit given to tokens that cannot be part of an answer
 NO_NULL_SCORE = 1000000.0  # starting value of the running minimum of the null score
 NO_ANSWER = {"answer": "", "score": 0.0, "start": 0, "end": 0}
+_LENGTHS = np.arange(1024)  # span lengths, sliced to max_answer_len
 
 Span = tuple[int, int, float]  # start token, end token, score
+Spans = tuple[np.ndarray, np.ndarray, np.ndarray]  # start tokens, end tokens, scores
 
 
-def best_answer(features: QAFeatures, logits: np.ndarray, *, max_answer_len: int,
-                align_to_words: bool, impossible: bool) -> dict[str, Any]:
-    """The best answer over all windows of one request (start and end logits, float32
-    ``[2, rows, max_len]``)."""
-    lengths = features.lengths.tolist()
-    start, end = window_probabilities(logits, features.allowed, lengths)
-    null_score = min(NO_NULL_SCORE, *(start[:, 0] * end[:, 0]).tolist())
-    start[:, 0] = end[:, 0] = 0.0
+def best_answer(features: QAFeatures, start_logits: np.ndarray, end_logits: np.ndarray, *,
+                max_answer_len: int, align_to_words: bool, impossible: bool) -> dict[str, Any]:
+    """The best answer over all windows of one request (logits ``[rows, >= max_len]``)."""
     top_k = 2 * TOP_K + 10 if align_to_words else TOP_K  # room for merging
-    usable = features.allowed.copy()
-    usable[:, 0] = usable.any(axis=1)  # token 0 (CLS) always counts as allowed here
     candidates: dict[str, list[Any]] = {}  # lower-cased text -> [score, start, end, text]
-    rows = _top_spans(start, end, lengths, top_k, max_answer_len)
-    for window, allowed, spans in zip(features.windows, usable, rows):
-        words: dict[int, tuple[int, int] | None] = {}  # token -> its word's characters
-        for s, e, score in spans:
-            if allowed[s] and allowed[e]:  # dropped only after the top_k are chosen
-                char_start, char_end = _char_span(window, s, e, words if align_to_words else None)
+    null_score = NO_NULL_SCORE
+    for row, (window, n) in enumerate(zip(features.windows, features.lengths.tolist())):
+        allowed = features.allowed[row, :n]
+        start = window_probabilities(start_logits[row, :n], allowed)
+        end = window_probabilities(end_logits[row, :n], allowed)
+        null_score = min(null_score, float(start[0] * end[0]))
+        start[0] = end[0] = 0.0
+        words: dict[int, tuple[int, int] | None] | None = {} if align_to_words else None
+        for s, e, score in top_spans(start, end, top_k, max_answer_len):
+            if _usable(allowed, s) and _usable(allowed, e):  # dropped after the top_k are chosen
+                char_start, char_end = _char_span(window, s, e, words)
                 text = features.context[char_start:char_end]
                 known = candidates.setdefault(text.lower(), [0.0, char_start, char_end, text])
                 known[0] += score  # a text seen before keeps its first position and adds up
@@ -55,83 +59,85 @@ def best_answer(features: QAFeatures, logits: np.ndarray, *, max_answer_len: int
     return {"answer": text, "score": float(score), "start": char_start, "end": char_end}
 
 
-def window_probabilities(logits: np.ndarray, allowed: np.ndarray, lengths: list[int]) -> np.ndarray:
-    """Softmax of each window (last axis) of ``logits [..., rows, max_len]`` over its own
-    tokens, where tokens outside ``allowed`` get ~zero mass and padding exactly zero. A shorter
-    window's sum is taken over its own tokens alone: each window's figures are those of a
-    softmax of it alone, to the last bit."""
-    masked = np.where(allowed, logits, np.float32(MASKED_LOGIT))
-    short = [row for row, n in enumerate(lengths) if n < masked.shape[-1]]
-    for row in short:
-        masked[..., row, lengths[row]:] = -np.inf
-    exp = np.exp(masked - masked.max(axis=-1, keepdims=True))
-    sums = exp.sum(axis=-1, keepdims=True)
-    for row in short:
-        sums[..., row, 0] = exp[..., row, :lengths[row]].sum(axis=-1)
-    return exp / sums
+def window_probabilities(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """Softmax of one window's logits ``[n]`` (float32) where tokens outside ``allowed`` get
+    ~zero mass."""
+    masked = np.where(allowed, np.asarray(logits, dtype=np.float32), MASKED_LOGIT)
+    exp = np.exp(masked - masked.max())
+    return exp / exp.sum()
 
 
-def _top_spans(start: np.ndarray, end: np.ndarray, lengths: list[int], top_k: int,
-               max_answer_len: int) -> list[list[Span]]:
-    """Each window's ``top_k`` best spans, best first (see ``top_band_spans``)."""
-    rows, width = start.shape[0], min(max_answer_len, start.shape[1])
-    regular = [n >= width and (top_k == 1 or n * width > top_k) for n in lengths]
-    found: list[list[Span] | None] = [None] * rows
-    if any(regular):
-        found = _top_band_spans_of_rows(start, end, width, top_k)
-    return [spans if spans is not None and regular[row]
-            else _as_list(top_window_spans(start[row, :n], end[row, :n], top_k, max_answer_len))
-            for row, (spans, n) in enumerate(zip(found, lengths))]
+def top_spans(start: np.ndarray, end: np.ndarray, top_k: int, max_answer_len: int) -> list[Span]:
+    """The ``top_k`` best spans of one window ``[n]``, best first; a span's score is
+    ``start[s] * end[e]`` for ``s <= e < s + max_answer_len``, else 0.
 
-
-def _top_band_spans_of_rows(start: np.ndarray, end: np.ndarray, width: int,
-                            top_k: int) -> list[list[Span] | None]:
-    """``top_band_spans`` of every window at once, for windows of at least ``width`` tokens
-    (their padding has zero probability, so it only adds zero cells after their own).
-
-    Only cells at least as good as the ``top_k + 1``-th best start's best cell are ranked: the
-    ``top_k + 1`` best cells are among them, and every other cell is strictly worse. A window
-    whose ``top_k + 1`` best cells are not strictly ranked gets None.
+    The best cell of start ``i`` is ``start[i] * max(end[i:i + width])`` (rounding is
+    monotonic), so only the starts whose best cell reaches the ``top_k + 1``-th best start's
+    can hold the ``top_k + 1`` best cells, and only their cells are built and ranked. When
+    those are not strictly ranked, the exact search decides, as the pipeline's sort would.
     """
-    rows, n = start.shape
-    cells = start[:, None, :] * _band_of_ends(end, width)  # [rows, width, n]: length, start
+    n = start.shape[0]
+    width = min(max_answer_len, n)
+    if top_k > 1 and n * width <= top_k:
+        return _as_list(top_window_spans(start, end, top_k, max_answer_len))
+    padded = np.zeros(n + width - 1, dtype=end.dtype)  # a span's end past the window scores 0
+    padded[:n] = end
+    best_of_start = start * _sliding_max(padded, width)
     if top_k == 1:  # argmax takes the first of equals, in (start, length) order
-        best = cells.transpose(0, 2, 1).reshape(rows, -1).argmax(axis=1).tolist()
-        return [[(s, s + k, float(cells[row, k, s]))]
-                for row, (s, k) in enumerate(divmod(cell, width) for cell in best)]
-    threshold = [0.0] * rows
-    if n > top_k:
-        threshold = np.partition(cells.max(axis=1), n - top_k - 1, axis=1)[:, n - top_k - 1]
-    found: list[list[Span] | None] = []
-    for row, flat in enumerate(cells.reshape(rows, -1)):
-        index = np.flatnonzero(flat >= threshold[row])
-        ranked = sorted(zip(flat[index].tolist(), index.tolist()), reverse=True)[:top_k + 1]
-        strict = len(ranked) > top_k and all(a[0] > b[0] for a, b in zip(ranked, ranked[1:]))
-        found.append([(s, s + k, score) for score, (k, s) in
-                      ((score, divmod(cell, n)) for score, cell in ranked[:top_k])]
-                     if strict else None)
-    return found
+        first = int(best_of_start.argmax())
+        cells = padded[first:first + width] * start[first]
+        length = int(cells.argmax())
+        return [(first, first + length, float(cells[length]))]
+    threshold = _kth_largest(best_of_start, top_k + 1)
+    starts = np.flatnonzero(best_of_start >= threshold)
+    cells = padded[starts[:, None] + _LENGTHS[:width]] * start[starts, None]  # [starts, length]
+    found = np.flatnonzero(cells >= threshold)
+    ranked = sorted(zip(cells.reshape(-1)[found].tolist(), found.tolist()), reverse=True)
+    ranked = ranked[:top_k + 1]
+    if len(ranked) <= top_k or any(a[0] <= b[0] for a, b in zip(ranked, ranked[1:])):
+        return _as_list(top_window_spans(start, end, top_k, max_answer_len))
+    chosen = starts.tolist()
+    return [(chosen[i], chosen[i] + length, score)
+            for score, (i, length) in ((score, divmod(cell, width)) for score, cell in ranked[:-1])]
+
+
+def _sliding_max(values: np.ndarray, width: int) -> np.ndarray:
+    """``out[i] = max(values[i:i + width])`` for the ``len(values) - width + 1`` full windows,
+    by doubling (a handful of numpy calls, none over more than ``len(values)`` values)."""
+    out, covered = values, 1
+    while covered * 2 <= width:
+        out = np.maximum(out[:-covered], out[covered:])
+        covered *= 2
+    if covered < width:
+        out = np.maximum(out[:len(values) - width + 1], out[width - covered:])
+    return out[:len(values) - width + 1]
+
+
+def _kth_largest(values: np.ndarray, k: int) -> float:
+    """The ``k``-th largest of non-negative ``values`` (0.0 when there are fewer), sorting in
+    Python only the values near the top."""
+    if values.size < k:
+        return 0.0
+    top = float(values.max())
+    for fraction in (0.25, 0.01, 0.0):
+        near_top = values[values >= top * fraction]
+        if near_top.size >= k:
+            break
+    return sorted(near_top.tolist(), reverse=True)[k - 1]
+
+
+def _usable(allowed: np.ndarray, token: int) -> bool:
+    """May ``token`` start or end an answer: an allowed token, or token 0 (CLS) of a window
+    with any allowed token (the pipeline's quirk)."""
+    return bool(allowed[token]) or (token == 0 and bool(allowed.any()))
 
 
 def _score(item: Any) -> float:
     return item[0]
 
 
-def _as_list(spans: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[Span]:
+def _as_list(spans: Spans) -> list[Span]:
     return list(zip(*(column.tolist() for column in spans)))
-
-
-def _band_of_ends(end: np.ndarray, width: int) -> np.ndarray:
-    """A read-only view ``[rows, width, n]`` of ``end`` padded with zeros: ``[r, k, i]`` is the
-    end probability of token ``i + k`` (zero past the window)."""
-    rows, n = end.shape
-    padded = np.zeros((rows, n + width - 1), dtype=end.dtype)
-    padded[:, :n] = end
-    row_stride, token_stride = padded.strides
-    band = np.ndarray((rows, width, n), padded.dtype, padded, 0,
-                      (row_stride, token_stride, token_stride))
-    band.flags.writeable = False
-    return band
 
 
 def top_window_spans(start: np.ndarray, end: np.ndarray, top_k: int,
