@@ -97,6 +97,10 @@ class QATokenizer:
         """The id of ``token`` in the vocabulary, or None."""
         return self.backend.token_to_id(token)
 
+    def convert_tokens_to_ids(self, token: str) -> int | None:
+        """``token_to_id`` under transformers' name, for code written against its tokenizers."""
+        return self.token_to_id(token)
+
     def copy(self, max_length: int | None = None, stride: int = 0) -> Tokenizer:
         """A private copy of the backend: no padding; truncation of the second sequence only, to
         ``max_length`` with ``stride`` overlap, when given; special tokens written in the text

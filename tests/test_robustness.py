@@ -161,7 +161,7 @@ def poisoned_server(model_dir: Path, error: BaseException,
                     factory_calls: list[int]) -> InferenceServer:
     from engines.qa import QATask
 
-    poison = QATask.from_dir(model_dir).tokenizer.token_to_id("explode")
+    poison = QATask.from_dir(model_dir).tokenizer.convert_tokens_to_ids("explode")
 
     def factory() -> Engine:
         factory_calls.append(1)
