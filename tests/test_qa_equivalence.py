@@ -137,8 +137,15 @@ def test_the_golden_file_covers_windows_refusals_and_every_logit_kind(golden: di
     assert any(a[0] == "" for a in answers) and any(a[0] != "" for a in answers)
 
 
+def golden_text(golden: dict[str, list[dict[str, Any]]]) -> str:
+    """The golden file's JSON, one record a line."""
+    configs = [f"{json.dumps(name)}: [\n" + ",\n".join(
+        json.dumps(record, ensure_ascii=False) for record in records) + "\n]"
+        for name, records in golden.items()]
+    return "{\n" + ",\n".join(configs) + "\n}\n"
+
+
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     GOLDEN.parent.mkdir(exist_ok=True)
-    GOLDEN.write_text(json.dumps(build_golden(), indent=0, ensure_ascii=False) + "\n",
-                      encoding="utf-8")
+    GOLDEN.write_text(golden_text(build_golden()), encoding="utf-8")
     print(f"wrote {GOLDEN}")
