@@ -25,7 +25,6 @@ TOP_K = 1  # answers per request
 MASKED_LOGIT = np.float32(-10000.0)  # logit given to tokens that cannot be part of an answer
 NO_NULL_SCORE = 1000000.0  # starting value of the running minimum of the null score
 NO_ANSWER = {"answer": "", "score": 0.0, "start": 0, "end": 0}
-_LENGTHS = np.arange(1024)  # span lengths, sliced to max_answer_len
 
 Span = tuple[int, int, float]  # start token, end token, score
 Spans = tuple[np.ndarray, np.ndarray, np.ndarray]  # start tokens, end tokens, scores
@@ -90,7 +89,7 @@ def top_spans(start: np.ndarray, end: np.ndarray, top_k: int, max_answer_len: in
         return [(first, first + length, float(cells[length]))]
     threshold = _kth_largest(best_of_start, top_k + 1)
     starts = np.flatnonzero(best_of_start >= threshold)
-    cells = padded[starts[:, None] + _LENGTHS[:width]] * start[starts, None]  # [starts, length]
+    cells = padded[starts[:, None] + np.arange(width)] * start[starts, None]  # [starts, length]
     found = np.flatnonzero(cells >= threshold)
     ranked = sorted(zip(cells.reshape(-1)[found].tolist(), found.tolist()), reverse=True)
     ranked = ranked[:top_k + 1]
@@ -196,8 +195,10 @@ def _char_span(window: Encoding, start: int, end: int,
     """Characters of tokens ``start..end``: their whole words when aligning (``words``, a cache
     of each token's word, is given) and both have one, else their own offsets."""
     if words is not None:
-        first = words[start] if start in words else words.setdefault(start, word_chars(window, start))
-        last = words[end] if end in words else words.setdefault(end, word_chars(window, end))
+        for token in (start, end):
+            if token not in words:
+                words[token] = word_chars(window, token)
+        first, last = words[start], words[end]
         if first is not None and last is not None:
             return first[0], last[1]
     return token_chars(window, start)[0], token_chars(window, end)[1]
