@@ -22,7 +22,7 @@ from transformers import (
     DistilBertForQuestionAnswering,
 )
 
-from engines.qa import QAConfig, QAFeatures, QATask
+from engines.qa import QAConfig, QAFeatures, QATask, QATokenizer
 from protocol.errors import BadRequest
 
 WORDS = ("the river bridge market tower king queen north south old new city built sold "
@@ -202,7 +202,7 @@ def test_best_span_follows_the_logits(task: QATask) -> None:
 
 
 def test_fast_span_search_picks_what_the_full_score_matrix_picks() -> None:
-    from engines.qa import _top_band_spans, _top_matrix_spans
+    from engines.qa_answers import top_band_spans, top_matrix_spans
 
     rng = np.random.default_rng(0)
     used = 0
@@ -213,8 +213,8 @@ def test_fast_span_search_picks_what_the_full_score_matrix_picks() -> None:
         else:
             start, end = rng.random((2, 1, n), dtype=np.float32) * (rng.random((2, 1, n)) < 0.7)
         start[0, 0] = end[0, 0] = 0.0
-        fast = _top_band_spans(start[0], end[0], top_k, width)
-        full = _top_matrix_spans(start, end, top_k, width)
+        fast = top_band_spans(start[0], end[0], top_k, width)
+        full = top_matrix_spans(start, end, top_k, width)
         if fast is not None:
             used += 1
             for got, expected in zip(fast, full):
@@ -324,7 +324,7 @@ def test_preprocess_is_safe_from_many_threads(task: QATask) -> None:
 
 def test_from_dir_loads_the_fast_tokenizer() -> None:
     task = QATask.from_dir(get_model_path(), QAConfig(max_seq_len=128, doc_stride=32))
-    assert task.tokenizer.is_fast and task.config.max_seq_len == 128
+    assert isinstance(task.tokenizer, QATokenizer) and task.config.max_seq_len == 128
     assert task.preprocess("Who?", long_context(300)).max_len == 128
 
 
