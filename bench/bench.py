@@ -144,9 +144,11 @@ def server_runs(kind: str, model_dir: str, pairs: list[tuple[str, str]], levels:
                 modes: list[str]) -> list[dict[str, Any]]:
     """Closed-loop load at each concurrency, one server process per batching mode.
 
-    All servers start first (an idle one costs nothing); at each level the modes run one after
-    the other, in alternating order, so that drift on a shared machine does not favour one."""
-    servers = {mode: start_server(kind, model_dir, sessions, [*extra, "--batching", mode])
+    A mode may carry more server flags after a colon (``auto:--workers 2``): servers of
+    different layouts then run side by side. All servers start first (an idle one costs
+    nothing); at each level the modes run one after the other, in alternating order, so that
+    drift on a shared machine does not favour one."""
+    servers = {mode: start_server(kind, model_dir, sessions, [*extra, *_mode_flags(mode)])
                for mode in modes}
     rows = []
     try:
@@ -160,6 +162,12 @@ def server_runs(kind: str, model_dir: str, pairs: list[tuple[str, str]], levels:
         for proc, _ in servers.values():
             proc.wait(timeout=120)
     return rows
+
+
+def _mode_flags(mode: str) -> list[str]:
+    """``auto`` -> ``--batching auto``; ``auto:--workers 2`` -> that plus ``--workers 2``."""
+    batching, _, flags = mode.partition(":")
+    return ["--batching", batching, *flags.split()]
 
 
 def _one_level(kind: str, mode: str, port: int, clients: int, pairs: list[tuple[str, str]],
@@ -251,7 +259,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="server client counts, comma-separated")
     p.add_argument("--sessions", type=int, default=2, help="server --num_inference_sessions")
     p.add_argument("--batching", default="auto,off",
-                   help="server --batching modes to run side by side (first is the default's)")
+                   help="server --batching modes to run side by side (first is the default's); "
+                   "a mode may add server flags after a colon: 'auto,auto:--workers 2'")
     p.add_argument("--raw_pairs", type=int, default=128, help="pairs per batch size (at least)")
     p.add_argument("--server_requests", type=int, default=256, help="requests per concurrency")
     p.add_argument("--raw_threads", type=int, default=0, help="engine threads (0: all cores)")

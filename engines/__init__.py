@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from engines.base import Engine
@@ -10,15 +11,20 @@ from engines.base import Engine
 ENGINE_TYPES = ("onnx", "pytorch", "zero")
 
 
-def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threads: int = 0) -> Engine:
+def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threads: int = 0,
+                lone_threads: int = 0, crowded: Callable[[], bool] | None = None) -> Engine:
     """Load one engine of ``kind`` (one of ENGINE_TYPES) from a prepared model folder.
+
+    ``lone_threads`` and ``crowded`` (ONNX on the CPU): threads for a batch that has the machine
+    to itself, and how to tell (see OnnxEngine).
 
     The backend is imported only here, so a server using ONNX never imports torch's CUDA stack.
     """
     if kind == "onnx":
         from engines.onnx_engine import OnnxEngine
 
-        return OnnxEngine(model_dir, device=device, intra_op_threads=threads)
+        return OnnxEngine(model_dir, device=device, intra_op_threads=threads,
+                          lone_threads=lone_threads, crowded=crowded)
     if kind == "pytorch":
         from engines.torch_engine import TorchEngine
 

@@ -185,6 +185,11 @@ class WorkQueue:
                 waiting = len(self._items)  # another session may take some meanwhile: re-plan
                 self._not_empty.wait_for(lambda: self._closed or len(self._items) != waiting, wait)
 
+    def crowded(self) -> bool:
+        """Whether a batch about to run has company: another session running one, or requests
+        waiting (read without the lock: a hint, not a promise)."""
+        return self._busy > 1 or bool(self._items)
+
     def done(self) -> None:
         """A session finished the batch it took."""
         with self._lock:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -43,21 +43,32 @@ class OnnxEngine(Engine):
         device: "auto" (CUDA if available, else CPU), "cpu", "cuda" or "cuda:N".
         intra_op_threads: Threads inside one operator; 0 lets ONNX Runtime choose (all cores).
         inter_op_threads: Threads across independent operators.
+        lone_threads: On the CPU, more threads than ``intra_op_threads`` for a batch that has
+            the machine to itself: a second session with that many threads (not spinning) runs
+            a batch whenever ``crowded()`` is false, so a lone request gets every core while a
+            loaded server keeps its cores shared out. The model is held twice.
+        crowded: Whether other work competes for the cores now (other sessions running, or
+            requests waiting); default: always, i.e. never the lone session.
     """
 
     name = "onnx"
 
     def __init__(self, model_dir: str | Path, *, device: str = "auto", intra_op_threads: int = 0,
-                 inter_op_threads: int = 1) -> None:
+                 inter_op_threads: int = 1, lone_threads: int = 0,
+                 crowded: Callable[[], bool] | None = None) -> None:
         info = load_model_info(model_dir)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = intra_op_threads
-        options.inter_op_num_threads = inter_op_threads
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
         path = Path(model_dir) / info.onnx_file
-        self.session = ort.InferenceSession(str(path), options, providers=choose_providers(device))
+        self.session = ort.InferenceSession(str(path), _options(intra_op_threads, inter_op_threads),
+                                            providers=choose_providers(device))
         active = self.session.get_providers()[0]
+        self.lone_session: ort.InferenceSession | None = None
+        if active == CPU_PROVIDER and lone_threads > intra_op_threads > 0 and crowded is not None:
+            options = _options(lone_threads, inter_op_threads)
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            self.lone_session = ort.InferenceSession(str(path), options, providers=[CPU_PROVIDER])
+        self.crowded = crowded or (lambda: True)
+        self.lone_threads = lone_threads if self.lone_session is not None else 0
+        self.lone_runs = 0  # batches run with every core
         self.device = "cuda:" + str(self._cuda_index()) if active == CUDA_PROVIDER else "cpu"
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = tuple(o.name for o in self.session.get_outputs())
@@ -70,7 +81,11 @@ class OnnxEngine(Engine):
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one batch; see :meth:`Engine.run`."""
         inputs = {name: np.ascontiguousarray(feeds[name], dtype=np.int64) for name in self.input_names}
-        values = self.session.run(list(self.output_names), inputs)
+        session = self.session
+        if self.lone_session is not None and not self.crowded():
+            session = self.lone_session
+            self.lone_runs += 1
+        values = session.run(list(self.output_names), inputs)
         outputs = dict(zip(self.output_names, values))
         check_outputs(inputs, outputs)
         return outputs
@@ -78,4 +93,14 @@ class OnnxEngine(Engine):
     def describe(self) -> str:
         """Engine, device and thread settings, for logs."""
         threads = self.threads or "auto"
-        return f"onnxruntime {ort.__version__} on {self.device} (intra-op threads: {threads})"
+        lone = f"; {self.lone_threads} for a lone batch" if self.lone_threads else ""
+        return f"onnxruntime {ort.__version__} on {self.device} (intra-op threads: {threads}{lone})"
+
+
+def _options(intra_op_threads: int, inter_op_threads: int) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = inter_op_threads
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    return options

@@ -119,8 +119,9 @@ class InferenceSession(threading.Thread):
 
         For each warm-up length, rows double from 1 while the time per row keeps falling by at
         least MIN_GAIN (and within the policy's caps): where batching does not pay this stops at
-        2 rows, where it pays it goes up to the cap. Each shape runs once untimed (first runs allocate),
-        then twice timed; the faster time goes into the cost model.
+        2 rows, where it pays it goes up to the cap. Each shape runs twice; the faster time
+        (free of a first run's allocations and of noise, which only add) goes into the cost
+        model.
         """
         engine.run(dummy_feeds(engine.input_names, 1, 16))  # every engine: first run allocates
         cap, budget = self.policy.cap, self.policy.max_tokens
@@ -134,9 +135,8 @@ class InferenceSession(threading.Thread):
 
     def _time_shape(self, engine: Engine, rows: int, length: int) -> float:
         feeds = dummy_feeds(engine.input_names, rows, length)
-        engine.run(feeds)
         seconds = float("inf")
-        for _ in range(2):  # the faster of two: noise only ever adds time
+        for _ in range(2):  # the faster of two: noise (and a first run's allocations) only add
             started = time.monotonic()
             engine.run(feeds)
             seconds = min(seconds, time.monotonic() - started)

@@ -89,6 +89,15 @@ class ServerConfig:
         engines = max(1, self.num_inference_sessions) * max(1, self.workers)
         return max(1, (os.cpu_count() or 1) // engines)
 
+    def lone_threads(self) -> int:
+        """Threads for a batch that has the machine to itself (every core), where the cores are
+        shared out among the engines of one process; 0 where they are not (set explicitly, or
+        split over worker processes, or one engine has them all anyway)."""
+        cores = os.cpu_count() or 1
+        if self.threads_per_session > 0 or self.workers > 1 or self.engine_threads() >= cores:
+            return 0
+        return cores
+
     def gpu_indices(self) -> list[int]:
         """The GPU indices of ``--cuda_devices`` (empty when not given).
 

@@ -141,3 +141,29 @@ def test_a_zero_engine_server_answers_and_says_its_answers_mean_nothing(
         model = client.stats()["model"]
         assert model["meaningful"] is False and "zero" in model["warning"]
         assert "zero-cost engine" in client.stats()["engine"]["description"]
+
+
+def test_a_lone_batch_gets_every_core_and_a_crowded_one_its_share(tiny_model_dir: Path) -> None:
+    crowded = [False]
+    engine = load_engine("onnx", tiny_model_dir, device="cpu", threads=1, lone_threads=2,
+                         crowded=lambda: crowded[0])
+    feeds = _feeds(tiny_model_dir)
+    alone = engine.run(feeds)
+    assert engine.lone_runs == 1 and "2 for a lone batch" in engine.describe()
+    crowded[0] = True
+    shared = engine.run(feeds)
+    assert engine.lone_runs == 1  # with company it kept to its own thread
+    for name in alone:  # the same model either way
+        np.testing.assert_allclose(alone[name], shared[name], atol=1e-5)
+
+
+def test_only_engines_that_share_the_cores_get_a_lone_layout() -> None:
+    import os
+
+    from settings.server_config import ServerConfig
+
+    cores = os.cpu_count() or 1
+    shared = ServerConfig(num_inference_sessions=2)
+    assert shared.lone_threads() == (cores if shared.engine_threads() < cores else 0)
+    assert ServerConfig(threads_per_session=1).lone_threads() == 0  # set by hand: kept
+    assert ServerConfig(workers=2).lone_threads() == 0  # across processes: no one can tell

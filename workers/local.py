@@ -59,10 +59,11 @@ class LocalBackend:
         self.info = info
         self.stats = stats
         self.device = device or config.device
+        self.queue = WorkQueue(config.max_queue)
         self.engine_factory = engine_factory or partial(
             load_engine, config.inference_engine_type, config.model_dir, device=self.device,
-            threads=config.engine_threads())
-        self.queue = WorkQueue(config.max_queue)
+            threads=config.engine_threads(), lone_threads=config.lone_threads(),
+            crowded=self.queue.crowded)
         self.policy = batch_policy(config)
         self.task: QATask | None = None
         self.pool: SessionPool | None = None
@@ -82,7 +83,9 @@ class LocalBackend:
     def _start_sessions(self, task: QATask) -> None:
         cfg = self.config
         longest = task.config.max_seq_len
-        warmup = sorted({n for n in (64, 128, 256) if n < longest} | {longest})
+        # two lengths, a short one and the longest: the cost model scales between them, and
+        # start-up stays short (each length times doubling row counts while batching pays)
+        warmup = sorted({n for n in (64,) if n < longest} | {longest})
 
         def make(index: int, initial: bool) -> InferenceSession:
             # One session times the warm-up shapes for the shared cost model (sessions warming
