@@ -35,6 +35,9 @@ class CostModel:
         self._samples: dict[tuple[int, int], deque[float]] = {}
         self._seconds: dict[tuple[int, int], float] = {}  # lower median of each bucket's samples
         self._prior: set[tuple[int, int]] = set()  # buckets holding warm-up samples only
+        # estimates since the last observation: planning one batch asks for the same few
+        # shapes over and over (once per waiting request it considers)
+        self._estimates: dict[tuple[int, int], float | None] = {}
 
     def observe(self, rows: int, length: int, seconds: float, warmup: bool = False) -> None:
         """Record one measured batch (engine time only).
@@ -55,11 +58,15 @@ class CostModel:
                 samples.clear()
             samples.append(scaled)
             self._seconds[key] = sorted(samples)[(len(samples) - 1) // 2]
+            self._estimates.clear()
 
     def estimate(self, rows: int, length: int) -> float | None:
         """Predicted seconds for a batch of ``rows`` padded to ``length``; None before any data."""
+        key = (rows, length_bucket(length))
         with self._lock:
-            return self._nearest(rows, (rows_bucket(rows), length_bucket(length)))
+            if key not in self._estimates:
+                self._estimates[key] = self._nearest(rows, (rows_bucket(rows), key[1]))
+            return self._estimates[key]
 
     def _nearest(self, rows: int, want: tuple[int, int]) -> float | None:
         """Interpolate over rows at the nearest measured length, then scale by the length ratio."""
