@@ -278,8 +278,12 @@ class ProcessBackend:
         timer.start()
 
     def _respawn(self, handle: WorkerHandle) -> None:
-        if not self._stopping:
+        if self._stopping:
+            return
+        try:
             self._spawn(handle)
+        except OSError as exc:  # no process could be started (limits, memory): try again later
+            self._restart(handle, False, f"could not be started again ({exc})", 0)
 
     # -- figures -------------------------------------------------------------------------------
     def worker_figures(self, timeout: float = 2.0) -> list[dict[str, Any]]:
