@@ -252,9 +252,9 @@ class InferenceServer:
         merged = self.stats
         if isinstance(self.backend, ProcessBackend):
             merged = self.stats.copy()
-            for worker in figures:
-                if worker["figures"] is not None:
-                    merged.absorb(worker["figures"])
+            known = [w["known_figures"] for w in figures if w["known_figures"] is not None]
+            for source in [self.backend.retired.batch_figures(), *known]:
+                merged.absorb(source, share=1 / max(1, len(known)))
         result = merged.snapshot()
         result["queue_depth"] = self.backend.queue_depth if self.backend is not None else 0
         result["ready"] = self.ready

@@ -89,6 +89,11 @@ class ServerConfig:
         engines = max(1, self.num_inference_sessions) * max(1, self.workers)
         return max(1, (os.cpu_count() or 1) // engines)
 
+    def worker_window(self) -> int:
+        """Most requests the front end hands one worker process at once (one batch running,
+        the next one forming); a worker's own queue holds at least this many."""
+        return max(2, 2 * self.max_batch_size)
+
     def lone_threads(self) -> int:
         """Threads for a batch that has the machine to itself (every core), where the cores are
         shared out among the engines of one process; 0 where they are not (set explicitly, or

@@ -51,13 +51,16 @@ class Timing:
         return {"count": self.count, "total": self.total, "maximum": self.maximum,
                 "buckets": list(self.buckets), "recent": list(self.recent)}
 
-    def absorb(self, raw: dict[str, Any]) -> None:
-        """Add another timing's figures (from ``to_raw``) to this one."""
+    def absorb(self, raw: dict[str, Any], share: float = 1.0) -> None:
+        """Add another timing's figures (from ``to_raw``) to this one; of its recent samples,
+        only the newest ``share`` of the reservoir, so that several absorbed timings each keep
+        their part of the percentiles."""
         self.count += raw["count"]
         self.total += raw["total"]
         self.maximum = max(self.maximum, raw["maximum"])
         self.buckets = [a + b for a, b in zip(self.buckets, raw["buckets"])]
-        self.recent.extend(raw["recent"])
+        keep = max(1, int(RESERVOIR * share))
+        self.recent.extend(raw["recent"][-keep:])
 
     def summary(self) -> dict[str, float]:
         """Count, mean and max over all samples; p50/p90/p99 over the recent ones (milliseconds)."""
@@ -150,15 +153,15 @@ class ServerStats:
                     "batch_rows": self.batch_rows, "queue_time": self.queue_time.to_raw(),
                     "engine_time": self.engine_time.to_raw(), "events": dict(self.events)}
 
-    def absorb(self, figures: dict[str, Any]) -> None:
+    def absorb(self, figures: dict[str, Any], share: float = 1.0) -> None:
         """Add a worker's ``batch_figures`` to these statistics (on a ``copy``, for a view
-        summed over workers)."""
+        summed over workers); ``share``: its part of the recent samples (see Timing.absorb)."""
         with self._lock:
             self.batches += figures["batches"]
             self.batch_sizes.update({int(k): v for k, v in figures["batch_sizes"].items()})
             self.batch_rows += figures["batch_rows"]
-            self.queue_time.absorb(figures["queue_time"])
-            self.engine_time.absorb(figures["engine_time"])
+            self.queue_time.absorb(figures["queue_time"], share)
+            self.engine_time.absorb(figures["engine_time"], share)
             self.events.update(figures["events"])
 
     def copy(self) -> ServerStats:

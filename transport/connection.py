@@ -271,6 +271,8 @@ class Connection:
             if not self._open or self._ending:
                 return False
             self._ending = final
+            if final and self._held:  # replies held before the fatal one go out before it
+                frame, self._held = bytes(self._held) + frame, bytearray()
             if not final and holding(self):
                 self._held += frame
                 return True
@@ -352,6 +354,9 @@ class Connection:
             True once the connection is closed.
         """
         with self._cond:  # the reader closes the descriptor only after _open turns False
+            if self._held and self._open and not self._ending:  # sent before the stop began
+                held, self._held = bytes(self._held), bytearray()
+                self._write_locked(held)
             self._ending = True
             if not self._open:
                 return True

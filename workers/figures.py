@@ -29,11 +29,12 @@ def worker_figures(backend: LocalBackend | ProcessBackend | None,
 
 
 def summarize_worker(worker: dict[str, Any]) -> dict[str, Any]:
-    """A worker's entry as the ``stats`` op shows it: plain counts, engine time percentiles."""
+    """A worker's entry as the ``stats`` op shows it: plain counts, engine time percentiles
+    (from its last answer when it did not answer this query in time)."""
     out = {key: worker[key] for key in ("worker", "pid", "device", "state", "in_flight",
                                         "restarts")}
-    figures = worker.get("figures")
-    out["answered_stats"] = figures is not None
+    out["answered_stats"] = worker.get("figures") is not None
+    figures = worker.get("known_figures") or worker.get("figures")  # else its last answer
     if figures is not None:
         engine_time = Timing()
         engine_time.absorb(figures["engine_time"])

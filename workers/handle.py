@@ -34,7 +34,8 @@ class WorkerHandle:
         self.restarts = 0
         self.failures = 0  # consecutive restarts that did not get to serve
         self._send_lock = threading.Lock()
-        self._figures: dict[int, dict[str, Any]] = {}
+        self._figures: dict[int, dict[str, Any] | None] = {}  # token -> answer (None: awaited)
+        self.last_figures: dict[str, Any] | None = None  # the newest answer of this process
         self._figures_cond = threading.Condition()
 
     def attach(self, process: Any, conn: Any) -> None:
@@ -51,6 +52,7 @@ class WorkerHandle:
 
     def detach(self) -> tuple[list[WorkItem], bool]:
         """The process ended: return the requests it held, and whether it had been serving."""
+        self.last_figures = None  # the caller has kept them (ProcessBackend.retired)
         orphans = list(self.jobs.values())
         self.jobs.clear()
         was_serving = self.state == "serving"
@@ -66,21 +68,33 @@ class WorkerHandle:
             except (OSError, ValueError, AttributeError):
                 return False
 
-    def on_figures(self, token: int, figures: dict[str, Any]) -> None:
-        """The worker answered a stats query."""
+    def figures_lock(self) -> threading.Condition:
+        """The lock over ``last_figures`` (held while retiring them)."""
+        return self._figures_cond
+
+    def expect(self, token: int) -> None:
+        """A stats query ``token`` is about to be sent."""
         with self._figures_cond:
-            self._figures[token] = figures
-            self._figures_cond.notify_all()
+            self._figures[token] = None
+
+    def on_figures(self, token: int, figures: dict[str, Any]) -> None:
+        """The worker answered a stats query (kept only while someone awaits it)."""
+        with self._figures_cond:
+            if token in self._figures:
+                self._figures[token] = figures
+                self._figures_cond.notify_all()
 
     def figures(self, token: int, until: float) -> dict[str, Any]:
         """This worker's state, and its answer to query ``token`` if it comes before ``until``."""
         with self._figures_cond:
             if self.state == "serving":
-                self._figures_cond.wait_for(lambda: token in self._figures,
+                self._figures_cond.wait_for(lambda: self._figures.get(token) is not None,
                                             max(0.0, until - time.monotonic()))
-            figures = self._figures.pop(token, None)
-            self._figures.clear()  # answers to queries that timed out
+            figures = self._figures.pop(token, None)  # only this query's: others may be waiting
+            if figures is not None:
+                self.last_figures = figures
+            known = figures or self.last_figures
         device = self.describe.get("engine", {}).get("device", self.device)
         return {"worker": self.index, "pid": getattr(self.process, "pid", None),
                 "device": device, "state": self.state, "in_flight": len(self.jobs),
-                "restarts": self.restarts, "figures": figures}
+                "restarts": self.restarts, "figures": figures, "known_figures": known}

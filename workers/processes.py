@@ -65,7 +65,7 @@ class ProcessBackend:
         self.log_level = log_level
         self.queue = WorkQueue(config.max_queue)
         #: Most requests one worker holds at once: one batch running, the next one forming.
-        self.window = max(2, 2 * config.max_batch_size)
+        self.window = config.worker_window()
         self.handles = [WorkerHandle(i, device) for i, device in
                         enumerate(config.worker_devices())]
         self._cond = threading.Condition()  # guards the handles' state and jobs
@@ -76,6 +76,10 @@ class ProcessBackend:
         self._timers: list[threading.Timer] = []
         self._started = False
         self._stopping = False
+        self._answering = 0  # bulks popped from jobs whose replies are still being written
+        #: Batch figures of worker processes that ended (as last reported), so that summed
+        #: counters never go backwards when a worker is replaced.
+        self.retired = ServerStats()
 
     # -- start -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -111,6 +115,11 @@ class ProcessBackend:
         ours = Connection(ours_sock.detach())
         ours.send((self.config, handle.index, handle.device, self.log_level))
         with self._cond:
+            if self._stopping:  # stop() ran while this process started: it would be orphaned
+                process.kill()
+                ours.close()
+                _wait(process, 5.0)
+                return
             handle.attach(process, ours)
         threading.Thread(target=self._receive, args=(handle, process, ours), daemon=True,
                          name=f"worker-{handle.index}-pipe").start()
@@ -173,38 +182,38 @@ class ProcessBackend:
 
     def _dispatch_once(self) -> bool:
         """Move what fits from the queue to the workers; True if anything moved."""
-        with self._cond:
+        with self._cond:  # taken and recorded in one hold: never out of both queue and jobs
             room = 0 if self._stopping else self._room()
-        items = self.queue.take_upto(room, block=False) if room else []
-        if items:
-            self._assign(items)
-        return bool(items)
-
-    def _assign(self, items: list[WorkItem]) -> None:
-        """Give each item to the serving worker holding fewest; send each worker its share."""
-        shares: dict[WorkerHandle, list[Job]] = {}
-        unplaced: list[WorkItem] = []
-        with self._cond:
-            open_handles = [h for h in self.handles if h.state == "serving"]
-            for item in items:
-                if not item.alive():  # its client left while it waited
-                    item.answered = True
-                    self.stats.on_finished("client_gone", None)
-                    continue
-                handle = min((h for h in open_handles if len(h.jobs) < self.window),
-                             key=lambda h: len(h.jobs), default=None)
-                if handle is None:
-                    unplaced.append(item)
-                    continue
-                job_id = next(self._ids)
-                handle.jobs[job_id] = item
-                question, context = item.features
-                shares.setdefault(handle, []).append(
-                    (job_id, question, context, item.enqueued_at, item.deadline))
-        if unplaced:  # a worker was lost meanwhile: they wait for the next one with room
-            self.queue.requeue(unplaced)
+            items = self.queue.take_upto(room, block=False) if room else []
+            shares = self._assign(items) if items else {}
         for handle, jobs in shares.items():
             handle.send(("jobs", jobs))  # a worker that died meanwhile: its pipe thread answers
+        return bool(items)
+
+    def _assign(self, items: list[WorkItem]) -> dict[WorkerHandle, list[Job]]:
+        """Give each item to the serving worker holding fewest (``_cond`` held); return each
+        worker's share, to be sent once the lock is released."""
+        shares: dict[WorkerHandle, list[Job]] = {}
+        unplaced: list[WorkItem] = []
+        open_handles = [h for h in self.handles if h.state == "serving"]
+        for item in items:
+            if not item.alive():  # its client left while it waited
+                item.answered = True
+                self.stats.on_finished("client_gone", None)
+                continue
+            handle = min((h for h in open_handles if len(h.jobs) < self.window),
+                         key=lambda h: len(h.jobs), default=None)
+            if handle is None:
+                unplaced.append(item)
+                continue
+            job_id = next(self._ids)
+            handle.jobs[job_id] = item
+            question, context = item.features
+            shares.setdefault(handle, []).append(
+                (job_id, question, context, item.enqueued_at, item.deadline))
+        if unplaced:  # cannot happen with room counted in the same hold of the lock
+            self.queue.requeue(unplaced)
+        return shares
 
     # -- a worker's pipe -----------------------------------------------------------------------
     def _receive(self, handle: WorkerHandle, process: Any, conn: Any) -> None:
@@ -235,20 +244,28 @@ class ProcessBackend:
         with self._cond:
             done = [(handle.jobs.pop(job_id, None), result, code, message)
                     for job_id, result, code, message in answers]
-            self._cond.notify_all()  # progress for a draining stop
-        self._pump()  # the room just freed
-        with coalesced_sends():  # one write per connection for the whole bulk
-            for item, result, code, message in done:
-                if item is not None:
-                    item.answer(result, None if code is None else
-                                error_for_code(code, message, request_id=None))
+            self._answering += 1
+        try:
+            self._pump()  # the room just freed
+            with coalesced_sends():  # one write per connection for the whole bulk
+                for item, result, code, message in done:
+                    if item is not None:
+                        item.answer(result, None if code is None else
+                                    error_for_code(code, message, request_id=None))
+        finally:
+            with self._cond:
+                self._answering -= 1
+                self._cond.notify_all()  # progress for a draining stop
 
     def _lost(self, handle: WorkerHandle, process: Any) -> None:
         """A worker process ended: answer what it held; unless stopping, restart it."""
         with self._cond:
             if handle.process is not process:
                 return
-            orphans, was_serving = handle.detach()
+            with handle.figures_lock():
+                if handle.last_figures is not None:
+                    self.retired.absorb(handle.last_figures)
+                orphans, was_serving = handle.detach()
             self._cond.notify_all()
         how = _exit_words(process.returncode)
         if not handle.loaded.is_set():  # it ended while loading
@@ -291,6 +308,7 @@ class ProcessBackend:
         token = next(self._ids)
         for handle in self.handles:
             if handle.state == "serving":
+                handle.expect(token)
                 handle.send(("stats", token))
         until = time.monotonic() + timeout
         return [handle.figures(token, until) for handle in self.handles]
@@ -309,7 +327,8 @@ class ProcessBackend:
         while True:
             self._pump()  # what still waits goes to the workers as they free room
             with self._cond:
-                drained = not len(self.queue) and not any(h.jobs for h in self.handles)
+                drained = not len(self.queue) and not any(h.jobs for h in self.handles) \
+                    and not self._answering
                 if drained or time.monotonic() >= until:
                     self._stopping = True
                     self._cond.notify_all()
@@ -320,6 +339,8 @@ class ProcessBackend:
         if not drained:
             self._give_up()
         self._stop_workers(until)
+        with self._cond:  # replies popped before the stop must be written before connections finish
+            self._cond.wait_for(lambda: not self._answering, max(1.0, until - time.monotonic()))
         if self._reaper.is_alive():
             self._reaper.join(1.0)
         return drained

@@ -50,8 +50,8 @@ class Outbox:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self._answers: list[Answer] = []
+        self._posts: list[tuple[Any, ...]] = []  # other messages, sent by the same thread
         self._cond = threading.Condition()
-        self._send_lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="outbox", daemon=True)
         self._thread.start()
@@ -66,20 +66,24 @@ class Outbox:
             if len(self._answers) == 1:
                 self._cond.notify()
 
-    def send(self, message: tuple[Any, ...]) -> None:
-        """Send one message now, between bulk sends."""
-        with self._send_lock:
-            self.conn.send(message)
+    def post(self, message: tuple[Any, ...]) -> None:
+        """Queue one other message (a stats reply) for the sending thread: the thread that
+        reads the pipe never writes to it, so neither side can block the other's reading."""
+        with self._cond:
+            self._posts.append(message)
+            self._cond.notify()
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: bool(self._answers) or self._closed)
+                self._cond.wait_for(lambda: bool(self._answers or self._posts) or self._closed)
                 answers, self._answers = self._answers, []
-                if not answers and self._closed:
+                posts, self._posts = self._posts, []
+                if not answers and not posts and self._closed:
                     return
             try:
-                self.send(("answers", answers))
+                for message in ([("answers", answers)] if answers else []) + posts:
+                    self.conn.send(message)
             except OSError:  # the front end is gone: nobody to answer
                 return
 
@@ -101,7 +105,9 @@ def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
     stats = ServerStats()
     try:
         info = load_model_info(config.model_dir)
-        backend = LocalBackend(replace(config, workers=1), info, stats, device=device)
+        # its queue holds whatever the front end may hand it: admission was the front end's
+        local = replace(config, workers=1, max_queue=max(config.max_queue, config.worker_window()))
+        backend = LocalBackend(local, info, stats, device=device)
         backend.start()
     except Exception as exc:  # noqa: BLE001 - reported to the front end, which exits
         log.error("cannot start: %s: %s", type(exc).__name__, exc)
@@ -132,7 +138,7 @@ def _serve(conn: Connection, backend: LocalBackend, outbox: Outbox, stats: Serve
         elif kind == "stats":
             figures = stats.batch_figures()
             figures["queue_depth"] = backend.queue_depth
-            outbox.send(("stats", message[1], figures))
+            outbox.post(("stats", message[1], figures))
         elif kind == "stop":
             return False
 

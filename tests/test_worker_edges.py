@@ -1,0 +1,119 @@
+"""Edge cases of worker processes found in review, each proved first with these tests: real
+processes, sockets and the tiny model."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from client import Client
+from engines.model_dir import load_model_info
+from protocol import encode_frame, ok_reply, qa_request
+from server import InferenceServer, ServerConfig
+from telemetry.stats import ServerStats
+from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, wait_until
+from transport.coalesce import coalesced_sends
+from workers.processes import ProcessBackend
+
+
+def cfg(model_dir: Path, **kw: object) -> ServerConfig:
+    s: dict[str, object] = dict(port=0, model_dir=str(model_dir), workers=2,
+                                num_inference_sessions=1, threads_per_session=1,
+                                max_batch_size=4)
+    s.update(kw)
+    return ServerConfig(**s)  # type: ignore[arg-type]
+
+
+def test_a_drained_stop_has_delivered_every_answer_popped_from_a_worker(
+        tiny_model_dir: Path) -> None:
+    """stop() reports drained only once answers taken from a worker's jobs are delivered."""
+    config = cfg(tiny_model_dir)
+    backend = ProcessBackend(config, load_model_info(config.model_dir), ServerStats())
+    backend.start()
+    delivered: list[int] = []
+
+    def slow(i: int) -> Callable[[object, object], None]:
+        def respond(result: object, error: object) -> None:
+            time.sleep(0.3)  # e.g. a big bulk on a loaded 2-core box; GIL contention
+            delivered.append(i)
+        return respond
+
+    now = time.monotonic()
+    for i in range(6):
+        backend.submit(QUESTIONS[i], CONTEXTS[i], slow(i), lambda: True, now, None)
+    backend.flush()
+    drained = backend.stop(30)
+    at_return = len(delivered)
+    assert drained
+    assert at_return == 6, f"stop() returned with only {at_return}/6 answers delivered"
+
+
+def test_a_reply_held_by_coalesced_sends_is_written_when_the_stop_begins(
+        tiny_model_dir: Path) -> None:
+    """A frame that send() accepted into coalesced_sends is written when finish() begins."""
+    with InferenceServer(cfg(tiny_model_dir, workers=1, num_inference_sessions=1)) as srv:
+        raw = RawConnection(srv.address)
+        wait_until(lambda: len(srv.connections) == 1)
+        conn = next(iter(srv.connections))
+        with coalesced_sends():
+            assert conn.send(ok_reply(7, {"answer": "held"}))  # says: sent
+            assert conn.finish() is False  # the server's stop begins meanwhile
+        wait_until(lambda: conn.finish(), timeout=5)
+        got = raw.recv_message()
+        assert got is not None, "reply 7 was accepted by send() but never written"
+
+
+def test_a_request_admitted_by_the_front_end_is_never_refused_by_a_worker(
+        tiny_model_dir: Path) -> None:
+    # a worker's window (16) is larger than --max_queue (4)
+    config = cfg(tiny_model_dir, max_queue=4, max_batch_size=8, batching="off")
+    with InferenceServer(config) as srv:
+        conn = RawConnection(srv.address)
+        total = 300
+        for start in range(0, total, 4):  # reads of <= max_queue requests: none refused at the door
+            conn.send_raw(b"".join(
+                encode_frame(qa_request(i, QUESTIONS[i % 6], CONTEXTS[i % 6] * 4))
+                for i in range(start, start + 4)))
+            time.sleep(0.002)
+        replies = conn.recv_replies(total)
+        conn.close()
+        snap = srv.stats.snapshot()
+    qa = snap["requests"]["qa"]
+    # admitted excludes requests refused at the door: admitted - ok = admitted ones NOT served
+    assert snap["admitted"] == qa.get("ok", 0), (qa, snap["admitted"])
+
+
+def test_summed_counters_never_go_backwards_when_a_worker_is_replaced(tiny_model_dir: Path) -> None:
+    with InferenceServer(cfg(tiny_model_dir)) as srv:
+        with Client(*srv.address) as client:
+            for f in [client.submit(QUESTIONS[i % 6], CONTEXTS[i % 6]) for i in range(60)]:
+                f.result(timeout=60)
+            before = client.stats(timeout=30)
+            os.kill(before["workers"][0]["pid"], signal.SIGKILL)
+            wait_until(lambda: srv.ready, timeout=60)
+            after = client.stats(timeout=30)
+    assert after["batches"] >= before["batches"], "a Prometheus counter decreased"
+
+
+def test_concurrent_stats_queries_each_get_every_workers_figures(tiny_model_dir: Path) -> None:
+    with InferenceServer(cfg(tiny_model_dir)) as srv:
+        missing: list[float] = []
+
+        def ask() -> None:
+            with Client(*srv.address) as client:
+                for _ in range(15):
+                    started = time.monotonic()
+                    workers = client.stats(timeout=30)["workers"]
+                    if not all(w["answered_stats"] for w in workers):
+                        missing.append(time.monotonic() - started)
+
+        threads = [threading.Thread(target=ask) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not missing
