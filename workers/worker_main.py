@@ -1,6 +1,7 @@
 """The body of one worker process: a LocalBackend fed through its end of a pipe.
 
-The front end starts it as ``python -m workers.worker_main FD``. Messages (pickled tuples) on the pipe, front end -> worker:
+The front end starts it as ``python -m workers.worker_main FD``. Messages (pickled tuples) on
+the pipe, front end -> worker:
 
     (config, index, device, log_level)        first, once
     ("jobs", [(job_id, question, context, enqueued_at, deadline), ...])
