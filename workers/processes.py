@@ -43,8 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 log = logging.getLogger(__name__)
 
-#: Seconds a stop waits for a drained worker process to exit before killing it.
-EXIT_WAIT_S = 10.0
+#: Seconds to wait for a worker whose pipe closed to report its exit status.
+EXIT_WAIT_S = 1.0
 
 
 class ProcessBackend:
@@ -92,12 +92,15 @@ class ProcessBackend:
             self._spawn(handle)
         for handle in self.handles:
             handle.loaded.wait()
-        failed = next((h for h in self.handles if h.load_error is not None), None)
+        with self._cond:  # one that loaded may have died while the others were loading
+            failed = next((h for h in self.handles if h.load_error is not None
+                           or h.state != "serving"), None)
         if failed is not None:
             self._stopping = True
             self.queue.close()
             self._stop_workers(time.monotonic() + 5)
-            raise RuntimeError(f"worker {failed.index} could not start: {failed.load_error}")
+            raise RuntimeError(f"worker {failed.index} could not start: "
+                               f"{failed.load_error or 'it died while the others loaded'}")
         self._started = True
         self._reaper.start()
 
@@ -237,7 +240,10 @@ class ProcessBackend:
                     handle.load_error = message[1]
         except (EOFError, OSError):
             pass
-        _wait(process, EXIT_WAIT_S)
+        _wait(process, EXIT_WAIT_S)  # for its exit status; a pipe closes only as a worker ends
+        if process.poll() is None:
+            process.kill()
+            _wait(process, EXIT_WAIT_S)
         self._lost(handle, process)
 
     def _answered(self, handle: WorkerHandle, answers: list[Any]) -> None:
@@ -291,7 +297,7 @@ class ProcessBackend:
                   "(restart #%d)", handle.index, how, orphans, delay, handle.restarts)
         timer = threading.Timer(delay, self._respawn, args=(handle,))
         timer.name, timer.daemon = f"restart-worker-{handle.index}", True
-        self._timers.append(timer)
+        self._timers = [t for t in self._timers if t.is_alive()] + [timer]
         timer.start()
 
     def _respawn(self, handle: WorkerHandle) -> None:
