@@ -86,7 +86,8 @@ def measure_server(model_dir: str, pairs: list[tuple[str, str]], args: argparse.
                    workers: int = 1) -> dict[str, Any]:
     """Saturate one zero-engine server with ``workers`` worker processes (1: none, all in the
     server's process); its CPU per request (front end and workers) and requests/s."""
-    proc, port = start_server("zero", model_dir, args.sessions, ["--workers", str(workers)])
+    sessions = max(1, args.sessions // workers)  # the same engines in all, spread over workers
+    proc, port = start_server("zero", model_dir, sessions, ["--workers", str(workers)])
     try:
         with Client("127.0.0.1", port) as control:
             requests_before, cpu_before = answered(control), process_tree_cpu_s(proc.pid)
@@ -99,7 +100,7 @@ def measure_server(model_dir: str, pairs: list[tuple[str, str]], args: argparse.
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
-    return {"workers": workers, "sessions": args.sessions, "connections": args.connections,
+    return {"workers": workers, "sessions": sessions, "connections": args.connections,
             "pipeline": args.pipeline, "requests": requests, "server_cpu_s": cpu,
             "cpu_us_per_request": 1e6 * cpu / max(1, requests),
             "throughput_rps": run["throughput_rps"], "errors": run["errors"],
@@ -113,7 +114,7 @@ def report(floor_us: float, rows: list[dict[str, Any]]) -> str:
              "   errors"]
     for row in rows:
         layout = (f"{row['workers']} worker{'s' if row['workers'] > 1 else ''}, "
-                  f"{row['sessions']} sessions, {row['connections']}x{row['pipeline']} pipelined")
+                  f"{row['sessions']} session(s) each, {row['connections']}x{row['pipeline']} pipelined")
         lines.append(f"{layout:<41} {row['throughput_rps']:10.1f}   "
                      f"{row['cpu_us_per_request']:14.1f} us   {row['cpu_us_per_request'] / floor_us:7.2f}"
                      f"   {row['errors'] or 'none'}")
@@ -127,8 +128,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "(only its tokenizer and input names are used)")
     p.add_argument("--data", help="request mix (default: bench/data/qa_pairs.jsonl)")
     p.add_argument("--seconds", type=float, default=15.0, help="seconds of load")
-    p.add_argument("--sessions", type=int, default=2, help="the server's inference sessions "
-                   "(per worker)")
+    p.add_argument("--sessions", type=int, default=2, help="inference sessions in all, shared "
+                   "out over the workers (2 sessions: 1 worker x 2, or 2 workers x 1)")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="--workers values "
                    "to measure, one server each (1: no worker processes)")
     p.add_argument("--connections", type=int, default=8, help="client connections")
