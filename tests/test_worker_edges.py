@@ -13,19 +13,13 @@ from pathlib import Path
 from client import Client
 from engines.model_dir import load_model_info
 from protocol import encode_frame, ok_reply, qa_request
-from server import InferenceServer, ServerConfig
+from server import InferenceServer
 from telemetry.stats import ServerStats
 from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, wait_until
+from tests.test_workers import worker_config as cfg
 from transport.coalesce import coalesced_sends
 from workers.processes import ProcessBackend
 
-
-def cfg(model_dir: Path, **kw: object) -> ServerConfig:
-    s: dict[str, object] = dict(port=0, model_dir=str(model_dir), workers=2,
-                                num_inference_sessions=1, threads_per_session=1,
-                                max_batch_size=4)
-    s.update(kw)
-    return ServerConfig(**s)  # type: ignore[arg-type]
 
 
 def test_a_drained_stop_has_delivered_every_answer_popped_from_a_worker(
