@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_process_tree_cpu_counts_the_children_too() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.4\n"
+    # it spins 0.5 s for a check at 0.4 s: /proc counts whole clock ticks, rounded down, so a
+    # spin of exactly 0.4 s by process_time() can read as 0.39 s there for ever
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.5\n"
                               "while time.process_time() < end: pass\ntime.sleep(60)"])
     try:
         wait_until(lambda: process_tree_cpu_s(child.pid) >= 0.4)
