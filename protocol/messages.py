@@ -26,6 +26,7 @@ __all__ = [
     "Request",
     "error_reply",
     "ok_reply",
+    "op_name",
     "parse_reply",
     "parse_request",
     "ping_request",
@@ -250,6 +251,12 @@ def parse_request(obj: object) -> Request:
         known = ", ".join(sorted(REQUEST_PARSERS))
         raise BadRequest(f"unknown op {_echo(op)} (known: {known})", request_id=request_id)
     return parser(obj, request_id)
+
+
+def op_name(message: object) -> str:
+    """A decoded request's op for counting: a known op's name, else "invalid"."""
+    op = message.get("op") if isinstance(message, Mapping) else None
+    return op if isinstance(op, str) and op in REQUEST_PARSERS else "invalid"
 
 
 def qa_request(request_id: int, question: str, context: str,

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from engines.batching import Responder
 from protocol import FrameDecoder, encode_frame, error_reply, ok_reply, parse_request
 from protocol.errors import FrameTimeout, IdleTimeout, InternalError, ProtocolError, ServerError
-from protocol.messages import REQUEST_PARSERS, QARequest, Request
+from protocol.messages import QARequest, Request, op_name
 from telemetry.stats import ServerStats
 from transport.closing import DELIVERY_POLL_S, delivered, shut_write
 from transport.coalesce import holding
@@ -214,7 +214,7 @@ class Connection:
     def handle(self, message: Any) -> None:
         """Validate one decoded request and answer it or admit it to the work queue."""
         request_id = None
-        op = _op_name(message)
+        op = op_name(message)
         try:
             request = parse_request(message)
             request_id = request.id
@@ -270,9 +270,9 @@ class Connection:
         with self._cond:
             if not self._open or self._ending:
                 return False
+            if final:  # replies held before the fatal one go out before it
+                self._flush_held_locked()
             self._ending = final
-            if final and self._held:  # replies held before the fatal one go out before it
-                frame, self._held = bytes(self._held) + frame, bytearray()
             if not final and holding(self):
                 self._held += frame
                 return True
@@ -281,11 +281,15 @@ class Connection:
     def flush_held(self) -> None:
         """Write the frames ``coalesced_sends`` held for this connection (as one write)."""
         with self._cond:
-            if self._held:
-                frame, self._held = bytes(self._held), bytearray()
-                if self._open and not self._ending:
-                    self._write_locked(frame)
-                self._cond.notify_all()
+            self._flush_held_locked()
+
+    def _flush_held_locked(self) -> None:
+        """Write the held frames, unless the connection is closed or ending (lock held)."""
+        if self._held:
+            frame, self._held = bytes(self._held), bytearray()
+            if self._open and not self._ending:
+                self._write_locked(frame)
+            self._cond.notify_all()
 
     def _write_locked(self, frame: bytes) -> bool:
         """Send ``frame`` now if the socket takes it, else queue it for the writer (lock held).
@@ -354,9 +358,7 @@ class Connection:
             True once the connection is closed.
         """
         with self._cond:  # the reader closes the descriptor only after _open turns False
-            if self._held and self._open and not self._ending:  # sent before the stop began
-                held, self._held = bytes(self._held), bytearray()
-                self._write_locked(held)
+            self._flush_held_locked()  # replies sent before the stop began
             self._ending = True
             if not self._open:
                 return True
@@ -390,12 +392,6 @@ class Connection:
         except OSError:
             pass
         self._cond.notify_all()
-
-
-def _op_name(message: Any) -> str:
-    """The request's op for counting: a known op's name, else "invalid"."""
-    op = message.get("op") if isinstance(message, dict) else None
-    return op if isinstance(op, str) and op in REQUEST_PARSERS else "invalid"
 
 
 def _set_send_timeout(sock: socket.socket, seconds: float) -> None:
