@@ -34,7 +34,7 @@ from telemetry.stats import ServerStats
 from transport import BindError, Connection, Listener, bind_socket, refuse
 from transport.closing import DELIVERY_POLL_S
 from transport.listener import publish_address
-from workers.figures import summarize_worker, worker_figures
+from workers.figures import summarize_worker
 from workers.local import LocalBackend
 from workers.processes import ProcessBackend
 
@@ -248,13 +248,9 @@ class InferenceServer:
     def collect_stats(self) -> tuple[dict[str, Any], ServerStats]:
         """The ``stats`` result, and the statistics it was made from: summed over the worker
         processes when there are some (each asked for its figures now)."""
-        figures = worker_figures(self.backend, self.stats)
-        merged = self.stats
-        if isinstance(self.backend, ProcessBackend):
-            merged = self.stats.copy()
-            known = [w["known_figures"] for w in figures if w["known_figures"] is not None]
-            for source in [self.backend.retired.batch_figures(), *known]:
-                merged.absorb(source, share=1 / max(1, len(known)))
+        figures = self.backend.worker_figures() if self.backend is not None else []
+        merged = self.backend.summed(self.stats, figures) if self.backend is not None \
+            else self.stats
         result = merged.snapshot()
         result["queue_depth"] = self.backend.queue_depth if self.backend is not None else 0
         result["ready"] = self.ready

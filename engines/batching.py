@@ -262,18 +262,6 @@ class WorkQueue:
             self._removed()
             return taken
 
-    def requeue(self, items: list[WorkItem]) -> None:
-        """Put items from ``take_upto`` back at the head of the queue, in their order (no
-        worker could take them after all); deadlines and the size cap hold as before."""
-        with self._lock:
-            for item in reversed(items):
-                item.queued = True
-                self._items.appendleft(item)
-                if item.deadline is not None:
-                    heapq.heappush(self._deadlines, (item.deadline, next(self._seq), item))
-            self._expiry.notify()
-            self._not_empty.notify()
-
     def _remove(self, items: list[WorkItem]) -> None:
         """Take ``items`` out of the queue (lock held); the deadline heap is compacted lazily."""
         for item in items:
@@ -307,8 +295,7 @@ class WorkQueue:
                 expired = []
                 while self._deadlines and self._deadlines[0][0] <= now:
                     item = heapq.heappop(self._deadlines)[2]
-                    if item.queued:  # (a requeued item may have two entries: taken once)
-                        item.queued = False
+                    if item.queued:
                         expired.append(item)
                 if expired:
                     self._remove(expired)

@@ -145,6 +145,12 @@ class ServerStats:
             self.connections_open += 1 if opened else -1
             self.connections_total += 1 if opened else 0
 
+    @property
+    def in_flight(self) -> int:
+        """Admitted qa requests not yet answered or dropped."""
+        with self._lock:
+            return self.admitted - self.finished
+
     def batch_figures(self) -> dict[str, Any]:
         """What a worker process reports to the front end: its batches, queue and engine times
         and events, as plain data for ``absorb``."""

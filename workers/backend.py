@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from engines.batching import Responder, WorkItem
+from telemetry.stats import ServerStats
 
 
 class Backend(Protocol):
@@ -44,6 +45,13 @@ class Backend(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """The engine and batching figures, for stats."""
+
+    def worker_figures(self) -> list[dict[str, Any]]:
+        """One entry per worker process: worker, pid, device, state, in_flight, restarts,
+        figures (its batch figures if it answered now) and known_figures (else its last)."""
+
+    def summed(self, stats: ServerStats, figures: list[dict[str, Any]]) -> ServerStats:
+        """``stats`` with the figures kept elsewhere (other processes) added in."""
 
     def stop(self, timeout: float) -> bool:
         """Refuse new work, answer all admitted work (``shutting_down`` past ``timeout``),

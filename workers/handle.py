@@ -50,14 +50,16 @@ class WorkerHandle:
         self.state = "serving"
         self.loaded.set()
 
-    def detach(self) -> tuple[list[WorkItem], bool]:
-        """The process ended: return the requests it held, and whether it had been serving."""
-        self.last_figures = None  # the caller has kept them (ProcessBackend.retired)
+    def detach(self) -> tuple[list[WorkItem], bool, dict[str, Any] | None]:
+        """The process ended: return the requests it held, whether it had been serving, and
+        its last reported figures (handed over: this slot's next process starts from none)."""
+        with self._figures_cond:
+            last, self.last_figures = self.last_figures, None
         orphans = list(self.jobs.values())
         self.jobs.clear()
         was_serving = self.state == "serving"
         self.state = "lost"
-        return orphans, was_serving
+        return orphans, was_serving, last
 
     def send(self, message: tuple[Any, ...]) -> bool:
         """Send one message on the pipe; False if the process is gone (its reader notices)."""
@@ -67,10 +69,6 @@ class WorkerHandle:
                 return True
             except (OSError, ValueError, AttributeError):
                 return False
-
-    def figures_lock(self) -> threading.Condition:
-        """The lock over ``last_figures`` (held while retiring them)."""
-        return self._figures_cond
 
     def expect(self, token: int) -> None:
         """A stats query ``token`` is about to be sent."""

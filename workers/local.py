@@ -5,6 +5,7 @@ each worker process runs one of these behind its pipe (workers/worker_main.py)."
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -140,6 +141,22 @@ class LocalBackend:
     def purge(self, drop: Callable[[WorkItem], bool]) -> list[WorkItem]:
         """Remove and return the queued items for which ``drop`` is true (unanswered)."""
         return self.queue.purge(drop)
+
+    def worker_figures(self) -> list[dict[str, Any]]:
+        """This process as worker 0: state, pid, device, requests held, session restarts and
+        its batch figures (the shape ProcessBackend.worker_figures gives per process)."""
+        figures = self.stats.batch_figures()
+        figures["queue_depth"] = self.queue_depth
+        engine = self.describe().get("engine", {})
+        return [{"worker": 0, "pid": os.getpid(), "device": engine.get("device", self.device),
+                 "state": "serving" if self.ready else "starting",
+                 "in_flight": self.stats.in_flight,
+                 "restarts": figures["events"].get("session_restart", 0), "figures": figures,
+                 "known_figures": figures}]
+
+    def summed(self, stats: ServerStats, figures: list[dict[str, Any]]) -> ServerStats:
+        """Nothing to add: every figure is already in this process's ``stats``."""
+        return stats
 
     def describe(self) -> dict[str, Any]:
         """The engine, device and batching figures, for stats and logs."""

@@ -197,25 +197,20 @@ class ProcessBackend:
         """Give each item to the serving worker holding fewest (``_cond`` held); return each
         worker's share, to be sent once the lock is released."""
         shares: dict[WorkerHandle, list[Job]] = {}
-        unplaced: list[WorkItem] = []
         open_handles = [h for h in self.handles if h.state == "serving"]
         for item in items:
             if not item.alive():  # its client left while it waited
                 item.answered = True
                 self.stats.on_finished("client_gone", None)
                 continue
+            # there is one: no more items were taken than the room counted in this hold
             handle = min((h for h in open_handles if len(h.jobs) < self.window),
-                         key=lambda h: len(h.jobs), default=None)
-            if handle is None:
-                unplaced.append(item)
-                continue
+                         key=lambda h: len(h.jobs))
             job_id = next(self._ids)
             handle.jobs[job_id] = item
             question, context = item.features
             shares.setdefault(handle, []).append(
                 (job_id, question, context, item.enqueued_at, item.deadline))
-        if unplaced:  # cannot happen with room counted in the same hold of the lock
-            self.queue.requeue(unplaced)
         return shares
 
     # -- a worker's pipe -----------------------------------------------------------------------
@@ -268,10 +263,9 @@ class ProcessBackend:
         with self._cond:
             if handle.process is not process:
                 return
-            with handle.figures_lock():
-                if handle.last_figures is not None:
-                    self.retired.absorb(handle.last_figures)
-                orphans, was_serving = handle.detach()
+            orphans, was_serving, last = handle.detach()
+            if last is not None:
+                self.retired.absorb(last)
             self._cond.notify_all()
         how = _exit_words(process.returncode)
         if not handle.loaded.is_set():  # it ended while loading
@@ -309,6 +303,15 @@ class ProcessBackend:
             self._restart(handle, False, f"could not be started again ({exc})", 0)
 
     # -- figures -------------------------------------------------------------------------------
+    def summed(self, stats: ServerStats, figures: list[dict[str, Any]]) -> ServerStats:
+        """The front end's ``stats`` plus every worker's batch figures (``worker_figures``;
+        a worker's last answer when it gave none in time) and those of replaced workers."""
+        merged = stats.copy()
+        known = [w["known_figures"] for w in figures if w["known_figures"] is not None]
+        for source in [self.retired.batch_figures(), *known]:
+            merged.absorb(source, share=1 / max(1, len(known)))
+        return merged
+
     def worker_figures(self, timeout: float = 2.0) -> list[dict[str, Any]]:
         """Each worker's state and, where it answers within ``timeout``, its batch figures."""
         token = next(self._ids)
