@@ -25,6 +25,7 @@ import numpy as np
 from engines.qa_answers import best_answer
 from engines.qa_features import QAFeatures, build_features
 from engines.qa_tokenizer import QATokenizer
+from engines.qa_windows import ContextWindows, check_question_room
 from protocol.errors import BadRequest
 
 if TYPE_CHECKING:
@@ -73,6 +74,9 @@ class QATask:
         tokenizer: The tokenizer (``QATokenizer.from_dir``), or a fast transformers tokenizer.
         config: Windowing and answer settings.
         input_names: The engine inputs ``collate`` produces, in this order.
+        fast_windows: Cut the windows of ASCII requests from one encode of the context
+            (engines/qa_windows.py: the same features, in about half the CPU); False always
+            lets the tokenizer window them.
 
     Raises:
         ValueError: Slow or left-padding tokenizer, unknown input name, or unusable config.
@@ -80,7 +84,8 @@ class QATask:
 
     def __init__(self, tokenizer: QATokenizer | PreTrainedTokenizerFast,
                  config: QAConfig = QAConfig(),
-                 input_names: Sequence[str] = DEFAULT_INPUT_NAMES) -> None:
+                 input_names: Sequence[str] = DEFAULT_INPUT_NAMES, *,
+                 fast_windows: bool = True) -> None:
         if not isinstance(tokenizer, QATokenizer):
             tokenizer = QATokenizer.from_transformers(tokenizer)
         if tokenizer.padding_side != "right":
@@ -95,6 +100,8 @@ class QATask:
         self._check_config()
         self._plain = tokenizer.copy()
         self._windows = tokenizer.copy(config.max_seq_len, config.doc_stride)
+        self._fast = (ContextWindows.build(tokenizer, config.max_seq_len, config.doc_stride)
+                      if fast_windows else None)
         # An ASCII question this long or shorter provably leaves room for more than doc_stride
         # context tokens, so it needs no encode of its own to be checked.
         self._short_ascii_question = (config.max_seq_len - self._specials - config.doc_stride - 1
@@ -129,6 +136,8 @@ class QATask:
                 raise BadRequest(f"{field} must be a string, not {type(text).__name__}")
             if not text.strip():
                 raise BadRequest(f"{field} is empty")
+        if self._fast is not None and self._fast.takes(question, context):
+            return self._fast.features(question, context)
         counted = not (len(question) <= self._short_ascii_question and question.isascii())
         if counted:
             self._check_question_fits(question, context)
@@ -138,19 +147,9 @@ class QATask:
 
     def _check_question_fits(self, question: str, context: str) -> None:
         """Refuse what the tokenizer cannot window (it would raise, or panic in Rust)."""
-        max_seq_len, stride = self.config.max_seq_len, self.config.doc_stride
-        question_len = len(self._plain.encode(question, add_special_tokens=False))
-        if question_len == 0:
-            raise BadRequest("question has no tokens")
-        room = max_seq_len - self._specials - question_len
-        if room <= 0:
-            raise BadRequest(f"question is too long: {question_len} tokens, but max_seq_len="
-                             f"{max_seq_len} allows at most {max_seq_len - self._specials - 1}")
-        if room <= stride and len(self._plain.encode(context, add_special_tokens=False)) > room:
-            raise BadRequest(f"question is too long for this context: {question_len} tokens, but "
-                             f"a context that needs several windows of max_seq_len={max_seq_len} "
-                             f"allows at most {max_seq_len - self._specials - stride - 1} "
-                             f"(doc_stride={stride})")
+        check_question_room(len(self._plain.encode(question, add_special_tokens=False)),
+                            lambda: len(self._plain.encode(context, add_special_tokens=False)),
+                            self.config.max_seq_len, self._specials, self.config.doc_stride)
 
     def collate(self, batch: Sequence[QAFeatures]) -> dict[str, np.ndarray]:
         """Stack every window of every request, right-padded to the longest one in the batch.

@@ -17,9 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from tokenizers import Encoding
 
-from engines.qa_features import QAFeatures, token_chars, word_chars
+from engines.qa_features import QAFeatures, WindowSpans
 
 TOP_K = 1  # answers per request
 MASKED_LOGIT = np.float32(-10000.0)  # logit given to tokens that cannot be part of an answer
@@ -36,7 +35,7 @@ def best_answer(features: QAFeatures, start_logits: np.ndarray, end_logits: np.n
     top_k = 2 * TOP_K + 10 if align_to_words else TOP_K  # room for merging
     candidates: dict[str, list[Any]] = {}  # lower-cased text -> [score, start, end, text]
     null_score = NO_NULL_SCORE
-    for row, (window, n) in enumerate(zip(features.windows, features.lengths.tolist())):
+    for row, n in enumerate(features.lengths.tolist()):
         allowed = features.allowed[row, :n]
         start = window_probabilities(start_logits[row, :n], allowed)
         end = window_probabilities(end_logits[row, :n], allowed)
@@ -45,7 +44,7 @@ def best_answer(features: QAFeatures, start_logits: np.ndarray, end_logits: np.n
         words: dict[int, tuple[int, int] | None] | None = {} if align_to_words else None
         for s, e, score in top_spans(start, end, top_k, max_answer_len):
             if _usable(allowed, s) and _usable(allowed, e):  # dropped after the top_k are chosen
-                char_start, char_end = _char_span(window, s, e, words)
+                char_start, char_end = _char_span(features.spans, row, s, e, words)
                 text = features.context[char_start:char_end]
                 known = candidates.setdefault(text.lower(), [0.0, char_start, char_end, text])
                 known[0] += score  # a text seen before keeps its first position and adds up
@@ -190,15 +189,15 @@ def top_matrix_spans(start: np.ndarray, end: np.ndarray, top_k: int,
     return starts, ends, scores[0, starts, ends]
 
 
-def _char_span(window: Encoding, start: int, end: int,
+def _char_span(spans: WindowSpans, row: int, start: int, end: int,
                words: dict[int, tuple[int, int] | None] | None) -> tuple[int, int]:
     """Characters of tokens ``start..end``: their whole words when aligning (``words``, a cache
     of each token's word, is given) and both have one, else their own offsets."""
     if words is not None:
         for token in (start, end):
             if token not in words:
-                words[token] = word_chars(window, token)
+                words[token] = spans.word_chars(row, token)
         first, last = words[start], words[end]
         if first is not None and last is not None:
             return first[0], last[1]
-    return token_chars(window, start)[0], token_chars(window, end)[1]
+    return spans.token_chars(row, start)[0], spans.token_chars(row, end)[1]

@@ -3,7 +3,10 @@
 Only what every request needs is turned into numpy arrays: token ids, type ids, lengths and
 which tokens may be part of an answer. Character offsets and word spans stay in the Rust
 encodings and are read there, token by token, for the few spans an answer could come from
-(``QAFeatures.offsets`` and ``word_spans`` build the full arrays on demand, for tests).
+(``QAFeatures.offsets`` and ``word_spans`` build the full arrays on demand, for tests). Two
+kinds of ``WindowSpans`` read them: ``EncodingSpans`` from one encoding per window (the
+tokenizer's own windowing), ``ContextSpans`` from one encoding of the whole context, for windows
+cut from it by engines/qa_windows.py.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
+from typing import Protocol
 
 import numpy as np
 from tokenizers import Encoding
@@ -28,7 +32,7 @@ class QAFeatures:
         token_type_ids: ``[rows, max_len]`` segment ids (0 question, 1 context), padded with 0.
         lengths: ``[rows]`` tokens in each window.
         allowed: ``[rows, max_len]`` bool: tokens that may start or end an answer (context, CLS).
-        windows: The Rust encoding of each window, for offsets and words.
+        spans: Characters of each window's tokens and words, read from the Rust encodings.
     """
 
     context: str
@@ -36,7 +40,7 @@ class QAFeatures:
     token_type_ids: np.ndarray
     lengths: np.ndarray
     allowed: np.ndarray
-    windows: tuple[Encoding, ...]
+    spans: WindowSpans
 
     @property
     def rows(self) -> int:
@@ -52,8 +56,9 @@ class QAFeatures:
     def offsets(self) -> np.ndarray:
         """``[rows, max_len, 2]`` each token's character span in its own text (built on demand)."""
         out = np.zeros((self.rows, self.max_len, 2), dtype=np.int64)
-        for row, window in enumerate(self.windows):
-            out[row, :len(window)] = np.array(window.offsets, dtype=np.int64).reshape(-1, 2)
+        for row, n in enumerate(self.lengths.tolist()):
+            for token in range(n):
+                out[row, token] = self.spans.token_chars(row, token)
         return out
 
     @property
@@ -61,26 +66,84 @@ class QAFeatures:
         """``[rows, max_len, 2]`` per token, ``word_to_chars(token_to_word(t), sequence_index=1)``
         in its window, or -1 (built on demand)."""
         out = np.full((self.rows, self.max_len, 2), -1, dtype=np.int64)
-        for row, window in enumerate(self.windows):
-            for token in range(len(window)):
-                span = word_chars(window, token)
+        for row, n in enumerate(self.lengths.tolist()):
+            for token in range(n):
+                span = self.spans.word_chars(row, token)
                 if span is not None:
                     out[row, token] = span
         return out
 
 
-def word_chars(window: Encoding, token: int) -> tuple[int, int] | None:
-    """Characters of the context word with ``token``'s word index, or None, as the pipeline
-    finds them: a word cut by the window's edge is cut too, and a question token finds the
-    context word with its index."""
-    word = window.token_to_word(token)
-    return None if word is None else window.word_to_chars(word, 1)
+class WindowSpans(Protocol):
+    """Characters of the tokens and words of a request's windows."""
+
+    def token_chars(self, row: int, token: int) -> tuple[int, int]:
+        """Characters of one token in its own text ((0, 0) for a special token)."""
+
+    def word_chars(self, row: int, token: int) -> tuple[int, int] | None:
+        """Characters of the context word with ``token``'s word index, or None, as the pipeline
+        finds them: a word cut by the window's edge is cut too, and a question token finds the
+        context word with its index."""
 
 
-def token_chars(window: Encoding, token: int) -> tuple[int, int]:
-    """Characters of one token in its own text ((0, 0) for a special token)."""
-    span = window.token_to_chars(token)
-    return span if span is not None else window.offsets[token]
+class EncodingSpans:
+    """``WindowSpans`` of windows the tokenizer cut itself: one Rust encoding per window."""
+
+    __slots__ = ("windows",)
+
+    def __init__(self, windows: Sequence[Encoding]) -> None:
+        self.windows = tuple(windows)
+
+    def token_chars(self, row: int, token: int) -> tuple[int, int]:
+        """See ``WindowSpans``."""
+        window = self.windows[row]
+        span = window.token_to_chars(token)
+        return span if span is not None else window.offsets[token]
+
+    def word_chars(self, row: int, token: int) -> tuple[int, int] | None:
+        """See ``WindowSpans``."""
+        window = self.windows[row]
+        word = window.token_to_word(token)
+        return None if word is None else window.word_to_chars(word, 1)
+
+
+class ContextSpans:
+    """``WindowSpans`` of windows cut from one encoding of the whole context (engines/
+    qa_windows.py): window ``row`` holds the context's tokens ``bounds[row]`` from position
+    ``first`` on, and the question's tokens from position ``question_at`` on."""
+
+    __slots__ = ("question", "context", "bounds", "question_at", "first")
+
+    def __init__(self, question: Encoding, context: Encoding, bounds: Sequence[tuple[int, int]],
+                 question_at: int, first: int) -> None:
+        self.question, self.context, self.bounds = question, context, tuple(bounds)
+        self.question_at, self.first = question_at, first
+
+    def token_chars(self, row: int, token: int) -> tuple[int, int]:
+        """See ``WindowSpans``."""
+        start, stop = self.bounds[row]
+        if 0 <= token - self.first < stop - start:
+            return self.context.token_to_chars(start + token - self.first)
+        if 0 <= token - self.question_at < len(self.question):
+            return self.question.token_to_chars(token - self.question_at)
+        return 0, 0
+
+    def word_chars(self, row: int, token: int) -> tuple[int, int] | None:
+        """See ``WindowSpans``."""
+        start, stop = self.bounds[row]
+        if 0 <= token - self.first < stop - start:
+            word = self.context.token_to_word(start + token - self.first)
+        elif 0 <= token - self.question_at < len(self.question):
+            word = self.question.token_to_word(token - self.question_at)
+        else:
+            return None
+        tokens = None if word is None else self.context.word_to_tokens(word)
+        if tokens is None:
+            return None
+        first, last = max(tokens[0], start), min(tokens[1], stop) - 1
+        if first > last:  # the word lies outside this window
+            return None
+        return self.context.token_to_chars(first)[0], self.context.token_to_chars(last)[1]
 
 
 def build_features(context: str, windows: Sequence[Encoding], pad_id: int, cls_id: int | None,
@@ -97,6 +160,15 @@ def build_features(context: str, windows: Sequence[Encoding], pad_id: int, cls_i
                 for row, window in enumerate(windows)]
     lengths = [len(window) for window in windows]
     ids, types, mask = _token_arrays(windows, lengths, pad_id)
+    return assemble(context, ids, types, lengths, contexts, mask, cls_id, EncodingSpans(windows))
+
+
+def assemble(context: str, ids: np.ndarray, types: np.ndarray, lengths: list[int],
+             contexts: Sequence[slice | np.ndarray], mask: np.ndarray | None,
+             cls_id: int | None, spans: WindowSpans) -> QAFeatures:
+    """Features from padded ``[rows, longest]`` token and type ids: the tokens allowed in an
+    answer are each row's ``contexts`` and any CLS, never padding (``mask``: True where not
+    padding; None when no row is padded)."""
     allowed = ids == cls_id if cls_id is not None else np.zeros(ids.shape, dtype=bool)
     for row, tokens in enumerate(contexts):
         allowed[row, tokens] = True
@@ -105,7 +177,7 @@ def build_features(context: str, windows: Sequence[Encoding], pad_id: int, cls_i
     lengths_array = np.array(lengths, dtype=np.int64)
     for array in (ids, types, allowed, lengths_array):
         array.flags.writeable = False
-    return QAFeatures(context, ids, types, lengths_array, allowed, tuple(windows))
+    return QAFeatures(context, ids, types, lengths_array, allowed, spans)
 
 
 def _context_tokens(window: Encoding, check_question: bool) -> slice | np.ndarray:
