@@ -159,6 +159,23 @@ def test_the_docker_health_check_probes_the_address_the_server_writes() -> None:
     assert "--port" not in check  # it follows whatever --port the container was given
 
 
+@pytest.mark.parametrize("image,modules", [("server", "server, workers.worker_main"),
+                                           ("client", "client")])
+def test_each_image_copies_every_file_its_program_imports(image: str, modules: str) -> None:
+    dockerfile = (ROOT / "docker" / f"{image}.Dockerfile").read_text()
+    sources = [word for line in dockerfile.splitlines() if line.startswith("COPY ")
+               for word in line.split()[1:-1]]
+    listing = (f"import sys, {modules}; print('\\n'.join(m.__file__ for m in "
+               "list(sys.modules.values()) if getattr(m, '__file__', None)))")
+    files = subprocess.run([sys.executable, "-c", listing], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120, check=True).stdout.split()
+    ours = {Path(f).resolve().relative_to(ROOT).as_posix() for f in files
+            if Path(f).resolve().is_relative_to(ROOT) and ".venv" not in Path(f).parts}
+    missing = [f for f in sorted(ours)
+               if not any(f == s or (s.endswith("/") and f.startswith(s)) for s in sources)]
+    assert ours and not missing, f"not copied into the {image} image: {missing}"
+
+
 def test_repl_reconnects_after_the_server_closed_its_idle_connection(tiny_model_dir: Path) -> None:
     config = ServerConfig(port=0, model_dir=str(tiny_model_dir), num_inference_sessions=1,
                           idle_timeout_s=0.5)
