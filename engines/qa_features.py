@@ -112,12 +112,13 @@ class ContextSpans:
     qa_windows.py): window ``row`` holds the context's tokens ``bounds[row]`` from position
     ``first`` on, and the question's tokens from position ``question_at`` on."""
 
-    __slots__ = ("question", "context", "bounds", "question_at", "first")
+    __slots__ = ("question", "context", "bounds", "question_at", "first", "_edges")
 
     def __init__(self, question: Encoding, context: Encoding, bounds: Sequence[tuple[int, int]],
                  question_at: int, first: int) -> None:
         self.question, self.context, self.bounds = question, context, tuple(bounds)
         self.question_at, self.first = question_at, first
+        self._edges: dict[int, tuple[int | None, int | None]] = {}  # row -> words at its edges
 
     def token_chars(self, row: int, token: int) -> tuple[int, int]:
         """See ``WindowSpans``."""
@@ -133,11 +134,24 @@ class ContextSpans:
         start, stop = self.bounds[row]
         if 0 <= token - self.first < stop - start:
             word = self.context.token_to_word(start + token - self.first)
+            if word is None:
+                return None
+            if row not in self._edges:
+                self._edges[row] = (self.context.token_to_word(start),
+                                    self.context.token_to_word(stop - 1))
+            if word not in self._edges[row]:  # not cut by the window's edge: all of it
+                return self.context.word_to_chars(word)
         elif 0 <= token - self.question_at < len(self.question):
             word = self.question.token_to_word(token - self.question_at)
+            if word is None:
+                return None
         else:
             return None
-        tokens = None if word is None else self.context.word_to_tokens(word)
+        return self._cut_word(word, start, stop)
+
+    def _cut_word(self, word: int, start: int, stop: int) -> tuple[int, int] | None:
+        """Characters of the part of ``word`` inside tokens ``[start, stop)``, or None."""
+        tokens = self.context.word_to_tokens(word)
         if tokens is None:
             return None
         first, last = max(tokens[0], start), min(tokens[1], stop) - 1
