@@ -15,6 +15,7 @@ engines/qa_features.py turns encodings into arrays, engines/qa_answers.py choose
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,8 +76,10 @@ class QATask:
         config: Windowing and answer settings.
         input_names: The engine inputs ``collate`` produces, in this order.
         fast_windows: Cut the windows of ASCII requests from one encode of the context
-            (engines/qa_windows.py: the same features, in about half the CPU); False always
-            lets the tokenizer window them.
+            (engines/qa_windows.py: the same features for less CPU); False always lets the
+            tokenizer window them.
+        length_buckets: Pad every batch to the next of these lengths (``max_seq_len`` is
+            always the last), so that an engine sees few shapes; empty: to its longest window.
 
     Raises:
         ValueError: Slow or left-padding tokenizer, unknown input name, or unusable config.
@@ -85,7 +88,7 @@ class QATask:
     def __init__(self, tokenizer: QATokenizer | PreTrainedTokenizerFast,
                  config: QAConfig = QAConfig(),
                  input_names: Sequence[str] = DEFAULT_INPUT_NAMES, *,
-                 fast_windows: bool = True) -> None:
+                 fast_windows: bool = True, length_buckets: Sequence[int] = ()) -> None:
         if not isinstance(tokenizer, QATokenizer):
             tokenizer = QATokenizer.from_transformers(tokenizer)
         if tokenizer.padding_side != "right":
@@ -98,6 +101,7 @@ class QATask:
         self.input_names: tuple[str, ...] = tuple(input_names)
         self._specials = tokenizer.pair_specials
         self._check_config()
+        self.buckets = _buckets(length_buckets, config.max_seq_len)
         self._plain = tokenizer.copy()
         self._windows = tokenizer.copy(config.max_seq_len, config.doc_stride)
         self._fast = (ContextWindows.build(tokenizer, config.max_seq_len, config.doc_stride)
@@ -109,11 +113,18 @@ class QATask:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, config: QAConfig | None = None,
-                 input_names: Sequence[str] = DEFAULT_INPUT_NAMES) -> QATask:
+                 input_names: Sequence[str] = DEFAULT_INPUT_NAMES,
+                 length_buckets: Sequence[int] = ()) -> QATask:
         """Load the tokenizer saved in ``model_dir`` (it must have a fast one) and build a task;
         transformers is not imported."""
         return cls(QATokenizer.from_dir(model_dir), config if config is not None else QAConfig(),
-                   input_names)
+                   input_names, length_buckets=length_buckets)
+
+    def padded_length(self, length: int) -> int:
+        """The length a batch whose longest window has ``length`` tokens is padded to."""
+        if not self.buckets:
+            return length
+        return self.buckets[min(bisect_left(self.buckets, length), len(self.buckets) - 1)]
 
     def _check_config(self) -> None:
         max_seq_len, stride = self.config.max_seq_len, self.config.doc_stride
@@ -155,12 +166,12 @@ class QATask:
         """Stack every window of every request, right-padded to the longest one in the batch.
 
         Returns:
-            One int64 array ``[sum of rows, longest window]`` per name in ``input_names``;
-            requests' rows follow the batch order.
+            One int64 array ``[sum of rows, padded length of the longest window]`` per name in
+            ``input_names``; requests' rows follow the batch order.
         """
         if not batch:
             raise ValueError("cannot collate an empty batch")
-        shape = (sum(f.rows for f in batch), max(f.max_len for f in batch))
+        shape = (sum(f.rows for f in batch), self.padded_length(max(f.max_len for f in batch)))
         ids = np.full(shape, self.tokenizer.pad_id, dtype=np.int64)
         mask, types = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
         row = 0
@@ -215,6 +226,20 @@ class QATask:
                            max_answer_len=config.max_answer_len,
                            align_to_words=config.align_to_words,
                            impossible=config.handle_impossible_answer)
+
+
+def _buckets(lengths: Sequence[int], max_seq_len: int) -> tuple[int, ...]:
+    """Bucket lengths, ascending, ending with ``max_seq_len``; empty when none are asked for.
+
+    Raises:
+        ValueError: A length not in 1..max_seq_len.
+    """
+    if not lengths:
+        return ()
+    if not all(0 < length <= max_seq_len for length in lengths):
+        raise ValueError(f"length buckets must be within 1..max_seq_len={max_seq_len}, got "
+                         f"{tuple(lengths)}")
+    return tuple(sorted({*lengths, max_seq_len}))
 
 
 def _check_logits(features: QAFeatures, start: np.ndarray, end: np.ndarray) -> None:

@@ -47,6 +47,10 @@ class ServerConfig:
                            "fixed: fill up to the caps; off: one request per batch",
                            choices=BATCHING_MODES)
     max_batch_size: int = option(32, "most requests a session runs as one batch")
+    length_buckets: str | None = option(None, "pad every batch to the next of these lengths, "
+                                        "e.g. 64,128,256,384 (--max_seq_len is always the "
+                                        "last): few shapes for TensorRT profiles and CUDA "
+                                        "graphs to reuse; on CPU the padding only costs")
     max_batch_tokens: int = option(16384, "most rows x padded length in one batch (a larger "
                                    "request runs alone)")
     max_queue_delay_ms: float = option(2.0, "most a request waits for a bigger batch (only spent "
@@ -117,6 +121,20 @@ class ServerConfig:
                              f"{self.cuda_devices!r}")
         return [int(part) for part in parts]
 
+    def bucket_lengths(self) -> tuple[int, ...]:
+        """The lengths of ``--length_buckets``, ascending (empty when not given).
+
+        Raises:
+            ValueError: not a comma-separated list of positive integers.
+        """
+        if self.length_buckets is None:
+            return ()
+        parts = [part.strip() for part in self.length_buckets.split(",")]
+        if not all(part.isdigit() and int(part) > 0 for part in parts):
+            raise ValueError(f"--length_buckets must list token counts like 64,128,256,384; got "
+                             f"{self.length_buckets!r}")
+        return tuple(sorted({int(part) for part in parts}))
+
     def worker_devices(self) -> list[str]:
         """The device of each worker (of the one in-process backend when ``workers`` is 1):
         ``--cuda_devices`` round-robin, else ``--device`` for all."""
@@ -141,11 +159,13 @@ class ServerConfig:
                 + self._device_problems())
 
     def _device_problems(self) -> list[str]:
-        try:
-            self.gpu_indices()
-        except ValueError as exc:
-            return [str(exc)]
-        return []
+        problems = []
+        for parse in (self.gpu_indices, self.bucket_lengths):
+            try:
+                parse()
+            except ValueError as exc:
+                problems.append(str(exc))
+        return problems
 
     def limits(self) -> FieldLimits:
         """The caps on request fields."""

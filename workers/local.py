@@ -77,7 +77,8 @@ class LocalBackend:
             RuntimeError: a session could not load its engine.
         """
         self.task = QATask.from_dir(self.config.model_dir, qa_config(self.config, self.info),
-                                    input_names=self.info.input_names)
+                                    input_names=self.info.input_names,
+                                    length_buckets=self.config.bucket_lengths())
         self._start_sessions(self.task)
         self._reaper.start()
 
@@ -85,8 +86,9 @@ class LocalBackend:
         cfg = self.config
         longest = task.config.max_seq_len
         # two lengths, a short one and the longest: the cost model scales between them, and
-        # start-up stays short (each length times doubling row counts while batching pays)
-        warmup = sorted({n for n in (64,) if n < longest} | {longest})
+        # start-up stays short (each length times doubling row counts while batching pays);
+        # with length buckets, every bucket: the only lengths batches will have
+        warmup = list(task.buckets) or sorted({n for n in (64,) if n < longest} | {longest})
 
         def make(index: int, initial: bool) -> InferenceSession:
             # One session times the warm-up shapes for the shared cost model (sessions warming
@@ -117,7 +119,8 @@ class LocalBackend:
         self.queue.check_room()
         features = self.task.preprocess(question, context)
         self.queue.put(WorkItem(features=features, respond=respond, alive=alive,
-                                rows=features.rows, length=features.max_len,
+                                rows=features.rows,
+                                length=self.task.padded_length(features.max_len),
                                 enqueued_at=enqueued_at, deadline=deadline))
 
     def flush(self) -> None:
