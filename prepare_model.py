@@ -4,6 +4,7 @@
     python prepare_model.py --model DIR_OR_NAME  # any Hugging Face QA model or local folder
     python prepare_model.py --packaged_minilm    # offline: MiniLM-L6 encoder + NEW, UNTRAINED QA head
     python prepare_model.py --random_bert_base   # offline: bert-base-sized, random (GPU benchmarks)
+    python prepare_model.py --fp16               # also model_fp16.onnx, for server.py --precision fp16
 
 Everything lands in --model_dir (default saved_models/), which server.py loads by default.
 Old spellings still work: --output, --packaged-minilm, --random-bert-base, --no-fallback and
@@ -156,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--opset", type=int, default=17, help="ONNX opset")
     p.add_argument("--tolerance", type=float, default=1e-3,
                    help="largest accepted |ONNX - PyTorch| logit difference")
+    p.add_argument("--fp16", action="store_true",
+                   help="also write model_fp16.onnx (fused, float16) for the server's "
+                        "--precision fp16; kept only if its answers agree with fp32 on at least "
+                        "99%% of the evaluation cases")
     for flag, dest in ALIASES.items():
         store_true = {"action": "store_true"} if p.get_default(dest) is False else {}
         p.add_argument(flag, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
@@ -224,10 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer, model, name, source, meaningful = load(args)
 
     from engines.export import export_model_dir
+    from engines.fp16 import FP16_FILE
     from engines.model_dir import METADATA_FILE, NOT_MEANINGFUL_WARNING, RANDOM_MODEL_WARNING
 
     out = Path(args.model_dir)
     (out / METADATA_FILE).unlink(missing_ok=True)  # the folder is incomplete until we finish
+    (out / FP16_FILE).unlink(missing_ok=True)  # an earlier model's
     warning = None if meaningful else \
         RANDOM_MODEL_WARNING if args.random_bert_base else NOT_MEANINGFUL_WARNING
     squad2 = is_squad2(name, model) if args.no_answer == "auto" else args.no_answer == "on"
@@ -236,10 +243,28 @@ def main(argv: list[str] | None = None) -> int:
     info = export_model_dir(model, tokenizer, out, model_name=name, source=source,
                             meaningful=meaningful, warning=warning, squad2=squad2,
                             opset=args.opset, tolerance=args.tolerance)
+    status = _export_fp16(out) if args.fp16 else 0
     print(f"prepared {name} in {out.resolve()} (inputs: {', '.join(info.input_names)}; "
           f"no_answer: {'on' if squad2 else 'off'})", flush=True)
     if warning:
         shout(warning, sys.stderr)
+    return status
+
+
+def _export_fp16(out: Path) -> int:
+    """Add the fp16 model to a prepared folder; 1 (the fp32 folder still serves) when its
+    answers do not agree with fp32's often enough."""
+    from engines.fp16 import Fp16ParityError, export_fp16
+
+    log.info("writing the fp16 ONNX model: fusing, converting, then checking its answers against "
+             "fp32 (on the CPU, a minute for a bert-base)...")
+    try:
+        fp16 = export_fp16(out).fp16 or {}
+    except Fp16ParityError as exc:
+        log.error("%s", exc)
+        return 1
+    print(f"fp16: {fp16['agreeing']} of {fp16['cases']} answers as fp32's, largest logit "
+          f"difference {fp16['max_abs_logit_diff']:.3g} ({fp16['file']})", flush=True)
     return 0
 
 

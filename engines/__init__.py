@@ -9,14 +9,18 @@ from engines.base import Engine
 
 #: "zero" runs no model (random logits at once): for benchmarks of the server's own work only.
 ENGINE_TYPES = ("onnx", "pytorch", "zero")
+#: Arithmetic an engine may be asked for; where it cannot honour one it says so and runs fp32.
+PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threads: int = 0,
-                lone_threads: int = 0, crowded: Callable[[], bool] | None = None) -> Engine:
+                lone_threads: int = 0, crowded: Callable[[], bool] | None = None,
+                precision: str = "fp32") -> Engine:
     """Load one engine of ``kind`` (one of ENGINE_TYPES) from a prepared model folder.
 
     ``lone_threads`` and ``crowded`` (ONNX on the CPU): threads for a batch that has the machine
-    to itself, and how to tell (see OnnxEngine).
+    to itself, and how to tell (see OnnxEngine). ``precision``: one of PRECISIONS (the engine
+    logs why, where it falls back to fp32).
 
     The backend is imported only here, so a server using ONNX never imports torch's CUDA stack.
     """
@@ -24,11 +28,11 @@ def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threa
         from engines.onnx_engine import OnnxEngine
 
         return OnnxEngine(model_dir, device=device, intra_op_threads=threads,
-                          lone_threads=lone_threads, crowded=crowded)
+                          lone_threads=lone_threads, crowded=crowded, precision=precision)
     if kind == "pytorch":
         from engines.torch_engine import TorchEngine
 
-        return TorchEngine(model_dir, device=device, threads=threads)
+        return TorchEngine(model_dir, device=device, threads=threads, precision=precision)
     if kind == "zero":
         from engines.zero_engine import ZeroEngine
 

@@ -53,6 +53,7 @@ class ModelInfo:
     onnx_file: str = ONNX_FILE
     onnx_opset: int = 17
     onnx_max_abs_diff: float | None = None
+    fp16: dict[str, Any] | None = None  # engines/fp16.py: its file and its parity with fp32
     created: str = ""
     format: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)

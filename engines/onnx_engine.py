@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime as ort
 
 from engines.base import Engine, check_outputs
-from engines.model_dir import load_model_info
+from engines.model_dir import ModelInfo, load_model_info
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +49,18 @@ class OnnxEngine(Engine):
             loaded server keeps its cores shared out. The model is held twice.
         crowded: Whether other work competes for the cores now (other sessions running, or
             requests waiting); default: always, i.e. never the lone session.
+        precision: "fp16" runs the folder's ``model_fp16.onnx`` (prepare_model.py --fp16);
+            without one, and for "bf16" (no such export), it says so and runs fp32.
     """
 
     name = "onnx"
 
     def __init__(self, model_dir: str | Path, *, device: str = "auto", intra_op_threads: int = 0,
                  inter_op_threads: int = 1, lone_threads: int = 0,
-                 crowded: Callable[[], bool] | None = None) -> None:
+                 crowded: Callable[[], bool] | None = None, precision: str = "fp32") -> None:
         info = load_model_info(model_dir)
-        path = Path(model_dir) / info.onnx_file
+        self.precision, model_file = model_file_for(info, Path(model_dir), precision)
+        path = Path(model_dir) / model_file
         self.session = ort.InferenceSession(str(path), _options(intra_op_threads, inter_op_threads),
                                             providers=choose_providers(device))
         active = self.session.get_providers()[0]
@@ -94,7 +97,25 @@ class OnnxEngine(Engine):
         """Engine, device and thread settings, for logs."""
         threads = self.threads or "auto"
         lone = f"; {self.lone_threads} for a lone batch" if self.lone_threads else ""
-        return f"onnxruntime {ort.__version__} on {self.device} (intra-op threads: {threads}{lone})"
+        return (f"onnxruntime {ort.__version__} on {self.device} ({self.precision}, intra-op "
+                f"threads: {threads}{lone})")
+
+
+def model_file_for(info: ModelInfo, folder: Path, precision: str) -> tuple[str, str]:
+    """The precision the ONNX engine will run and the model file for it: fp16 where the folder
+    has a checked fp16 export, else fp32 (logged, with what to do about it)."""
+    if precision == "fp16":
+        fp16 = info.fp16 or {}
+        if fp16.get("file") and (folder / fp16["file"]).is_file():
+            return "fp16", fp16["file"]
+        log.warning("--precision fp16: %s has no fp16 model (prepare_model.py --fp16 writes "
+                    "one); running fp32", folder)
+    elif precision == "bf16":
+        log.warning("--precision bf16: the ONNX engine has no bf16 model (the pytorch engine "
+                    "runs bf16); running fp32")
+    elif precision != "fp32":
+        raise ValueError(f"unknown precision {precision!r}")
+    return "fp32", info.onnx_file
 
 
 def _options(intra_op_threads: int, inter_op_threads: int) -> ort.SessionOptions:

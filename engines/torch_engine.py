@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +18,24 @@ from engines.model_dir import load_model_info
 # on the "meta" device and materialises it; concurrent loads fail with "Cannot copy out of meta
 # tensor"). Sessions load their engines in parallel, so PyTorch loads take turns.
 _LOAD_LOCK = threading.Lock()
+log = logging.getLogger(__name__)
+
+
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def torch_precision(precision: str, device: torch.device) -> str:
+    """``precision`` where ``device`` runs it, else "fp32" (logged)."""
+    if precision not in _DTYPES:
+        raise ValueError(f"unknown precision {precision!r}")
+    if precision == "fp16" and device.type != "cuda":
+        log.warning("--precision fp16: PyTorch runs float16 only on CUDA, not on %s; running "
+                    "fp32", device)
+        return "fp32"
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        log.warning("--precision bf16: %s has no bfloat16; running fp32", device)
+        return "fp32"
+    return precision
 
 
 def choose_device(device: str) -> torch.device:
@@ -41,13 +60,14 @@ class TorchEngine(Engine):
         model_dir: Folder written by prepare_model.py.
         device: "auto" (CUDA if available, else CPU), "cpu", "cuda" or "cuda:N".
         threads: CPU threads for torch (process-wide setting); 0 leaves torch's default.
-        half: Run in float16 on CUDA (ignored on CPU).
+        precision: "fp32", "fp16" (CUDA only) or "bf16" (CPU, and GPUs that have it); where
+            the device cannot, it says so and runs fp32. Logits come back as float32.
     """
 
     name = "pytorch"
 
     def __init__(self, model_dir: str | Path, *, device: str = "auto", threads: int = 0,
-                 half: bool = False) -> None:
+                 precision: str = "fp32") -> None:
         info = load_model_info(model_dir)
         self.torch_device = choose_device(device)
         self.device = str(self.torch_device)
@@ -55,9 +75,8 @@ class TorchEngine(Engine):
             torch.set_num_threads(threads)
         with _LOAD_LOCK:
             model = AutoModelForQuestionAnswering.from_pretrained(model_dir)
-        if half and self.torch_device.type == "cuda":
-            model = model.half()
-        self.model = model.eval().to(self.torch_device)
+        self.precision = torch_precision(precision, self.torch_device)
+        self.model = model.eval().to(self.torch_device, dtype=_DTYPES[self.precision])
         self.input_names = tuple(info.input_names)
 
     @torch.inference_mode()
@@ -78,5 +97,5 @@ class TorchEngine(Engine):
 
     def describe(self) -> str:
         """Engine, device and dtype, for logs."""
-        dtype = next(self.model.parameters()).dtype
-        return f"pytorch {torch.__version__} on {self.device} ({dtype}, threads: {torch.get_num_threads()})"
+        return (f"pytorch {torch.__version__} on {self.device} ({self.precision}, threads: "
+                f"{torch.get_num_threads()})")

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from engines import ENGINE_TYPES
+from engines import ENGINE_TYPES, PRECISIONS
 from engines.batching import BATCHING_MODES
 from protocol import DEFAULT_MAX_FRAME_SIZE
 from protocol.messages import FieldLimits
@@ -42,6 +42,10 @@ class ServerConfig:
                                         choices=ENGINE_TYPES)
     model_dir: str = option("saved_models", "folder written by prepare_model.py")
     device: str = option("auto", "auto, cpu, cuda or cuda:N (auto: GPU if any)")
+    precision: str = option("fp32", "engine arithmetic: fp16 runs model_fp16.onnx "
+                            "(prepare_model.py --fp16) or float16 PyTorch on CUDA; bf16 runs "
+                            "bfloat16 PyTorch; where it cannot, the server says so and runs fp32",
+                            choices=PRECISIONS)
     threads_per_session: int = option(0, "CPU threads per engine (0: cores divided among sessions)")
     batching: str = option("auto", "auto: batch only as far as the measured cost says it pays; "
                            "fixed: fill up to the caps; off: one request per batch",

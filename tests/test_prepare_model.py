@@ -126,8 +126,12 @@ def test_a_local_trained_model_folder_carries_no_warning(tiny_model_dir: Path,
     plain = tmp_path / "plain"  # a bare save_pretrained folder, as users bring their own models
     AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(plain)
     AutoModelForQuestionAnswering.from_pretrained(tiny_model_dir).save_pretrained(plain)
-    done = run_prepare("--model", str(plain), "--model_dir", str(tmp_path / "m"))
+    done = run_prepare("--model", str(plain), "--model_dir", str(tmp_path / "m"), "--fp16")
     assert done.returncode == 0, done.stderr
     meta = json.loads((tmp_path / "m" / "serving.json").read_text())
     assert meta["meaningful"] is True and meta["warning"] is None and meta["squad2"] is False
     assert "NOT MEANINGFUL" not in done.stderr
+    # --fp16: the fp16 export is written, checked against fp32 and recorded
+    assert (tmp_path / "m" / meta["fp16"]["file"]).is_file()
+    assert meta["fp16"]["agreement"] >= 0.99 and meta["fp16"]["cases"] >= 50
+    assert f"fp16: {meta['fp16']['agreeing']} of {meta['fp16']['cases']} answers" in done.stdout

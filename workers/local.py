@@ -64,7 +64,7 @@ class LocalBackend:
         self.engine_factory = engine_factory or partial(
             load_engine, config.inference_engine_type, config.model_dir, device=self.device,
             threads=config.engine_threads(), lone_threads=config.lone_threads(),
-            crowded=self.queue.crowded)
+            crowded=self.queue.crowded, precision=config.precision)
         self.policy = batch_policy(config)
         self.task: QATask | None = None
         self.pool: SessionPool | None = None

@@ -1,0 +1,109 @@
+"""An fp16 copy of a prepared model's ONNX export, checked against the fp32 one.
+
+``export_fp16`` fuses the graph with ONNX Runtime's transformer optimizer (attention, layer norm,
+GELU, embeddings: the fusions that need no GPU to find), converts the weights and arithmetic to
+float16 with float32 inputs and outputs, and writes ``model_fp16.onnx`` beside ``model.onnx``.
+It then serves both through the QA task on the evaluation cases (the request mix shipped in
+bench/data, else a few built-in pairs) and records in serving.json how often the answers agree
+and the largest logit difference. The check runs on the CPU: ONNX Runtime's CPU provider runs an
+fp16 graph too, slowly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engines.base import QA_OUTPUT_NAMES
+from engines.model_dir import ModelInfo, load_model_info, save_model_info
+
+log = logging.getLogger(__name__)
+
+FP16_FILE = "model_fp16.onnx"
+#: Share of evaluation answers the fp16 model must give exactly as the fp32 one.
+MIN_AGREEMENT = 0.99
+EVALUATION_FILE = Path(__file__).resolve().parent.parent / "bench" / "data" / "qa_pairs.jsonl"
+_BUILT_IN_CASES = [
+    ("Who wrote the report?", "The report was written by Ada Lovelace in 1843."),
+    ("Where is it?", "It sits on a shelf in the old library, next to the window, under a lamp."),
+    ("When does the van come?", "The mobile library van visits eighteen villages every "
+     "fortnight; it comes to ours on Tuesday mornings and stays until noon."),
+]
+
+
+class Fp16ParityError(ValueError):
+    """The fp16 model's answers agree with the fp32 model's too rarely to serve it."""
+
+
+def evaluation_cases(path: Path = EVALUATION_FILE) -> list[tuple[str, str]]:
+    """The (question, context) pairs the fp16 model is checked on."""
+    if not path.is_file():
+        return list(_BUILT_IN_CASES)
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    return [(row["question"], row["context"]) for row in rows]
+
+
+def export_fp16(model_dir: str | Path, min_agreement: float = MIN_AGREEMENT,
+                cases: list[tuple[str, str]] | None = None) -> ModelInfo:
+    """Write ``model_fp16.onnx`` into a prepared folder, check it, and record it in serving.json.
+
+    Raises:
+        Fp16ParityError: fewer than ``min_agreement`` of the answers agree (the fp16 file is
+            removed again and serving.json is left as it was).
+    """
+    folder = Path(model_dir)
+    info = load_model_info(folder)
+    _convert(folder / info.onnx_file, folder / FP16_FILE)
+    parity = check_parity(folder, info, cases if cases is not None else evaluation_cases())
+    log.info("fp16 vs fp32: %d of %d answers agree (%.1f%%); largest logit difference %.3g",
+             parity["agreeing"], parity["cases"], 100 * parity["agreement"],
+             parity["max_abs_logit_diff"])
+    if parity["agreement"] < min_agreement:
+        (folder / FP16_FILE).unlink()
+        raise Fp16ParityError(f"fp16 answers agree with fp32 on {100 * parity['agreement']:.1f}% "
+                              f"of {parity['cases']} cases, below {100 * min_agreement:.0f}%; "
+                              f"{FP16_FILE} not kept")
+    info.fp16 = {"file": FP16_FILE, **parity}
+    save_model_info(folder, info)
+    return info
+
+
+def _convert(source: Path, target: Path) -> None:
+    """Fuse and convert ``source`` to float16 (float32 inputs and outputs kept)."""
+    from onnxruntime.transformers import optimizer
+
+    model = optimizer.optimize_model(str(source), model_type="bert", num_heads=0, hidden_size=0,
+                                     opt_level=0, use_gpu=False)
+    log.info("fused operators: %s",
+             {k: v for k, v in model.get_fused_operator_statistics().items() if v})
+    model.convert_float_to_float16(keep_io_types=True)
+    model.save_model_to_file(str(target))
+
+
+def check_parity(folder: Path, info: ModelInfo, cases: list[tuple[str, str]]) -> dict[str, Any]:
+    """Answers of the fp32 and fp16 exports on ``cases`` (CPU): how many agree (same text,
+    start and end), and the largest logit difference over real tokens."""
+    import onnxruntime as ort
+
+    from engines.qa import QATask
+
+    task = QATask.from_dir(folder, input_names=info.input_names)
+    sessions = [ort.InferenceSession(str(folder / name), providers=["CPUExecutionProvider"])
+                for name in (info.onnx_file, FP16_FILE)]
+    agreeing, largest = 0, 0.0
+    for question, context in cases:
+        features = task.preprocess(question, context)
+        feeds = task.collate([features])
+        full, half = (dict(zip(QA_OUTPUT_NAMES, s.run(list(QA_OUTPUT_NAMES), feeds)))
+                      for s in sessions)
+        real = feeds["attention_mask"].astype(bool)
+        largest = max(largest, *(float(np.abs(full[n] - half[n])[real].max())
+                                 for n in QA_OUTPUT_NAMES))
+        answers = [task.answer_batch([features], outputs)[0] for outputs in (full, half)]
+        agreeing += all(answers[0][key] == answers[1][key] for key in ("answer", "start", "end"))
+    return {"cases": len(cases), "agreeing": agreeing,
+            "agreement": agreeing / max(1, len(cases)), "max_abs_logit_diff": largest}

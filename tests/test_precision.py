@@ -1,0 +1,94 @@
+"""--precision and the fp16 export: checked against fp32, served on the CPU, fallbacks said."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client import Client
+from engines import load_engine
+from engines.fp16 import FP16_FILE, Fp16ParityError, export_fp16
+from engines.model_dir import METADATA_FILE
+from server import InferenceServer, ServerConfig
+from tests.helpers import CONTEXTS, QUESTIONS
+
+
+@pytest.fixture(scope="module")
+def fp16_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("fp16") / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    export_fp16(folder)
+    return folder
+
+
+def test_the_fp16_export_is_checked_against_fp32_and_recorded(fp16_dir: Path) -> None:
+    meta = json.loads((fp16_dir / METADATA_FILE).read_text())["fp16"]
+    assert meta["file"] == FP16_FILE and (fp16_dir / FP16_FILE).is_file()
+    assert meta["agreement"] >= 0.99 and meta["agreeing"] <= meta["cases"] >= 50
+    assert 0 < meta["max_abs_logit_diff"] < 0.05  # fp16 rounding: not zero, not large
+    import onnx
+
+    types = {i.data_type for i in onnx.load(str(fp16_dir / FP16_FILE)).graph.initializer}
+    assert onnx.TensorProto.FLOAT16 in types  # the weights really are fp16
+
+
+def test_an_fp16_export_that_disagrees_is_not_kept(tiny_model_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    with pytest.raises(Fp16ParityError, match="not kept"):
+        export_fp16(folder, min_agreement=1.01)  # no export can pass: the refusal path
+    assert not (folder / FP16_FILE).exists()
+    assert json.loads((folder / METADATA_FILE).read_text()).get("fp16") is None
+
+
+def served(model_dir: Path, precision: str) -> tuple[list[dict[str, object]], str]:
+    """Every helper question on every helper context, and the engine's description."""
+    config = ServerConfig(port=0, model_dir=str(model_dir), num_inference_sessions=1,
+                          precision=precision)
+    with InferenceServer(config) as srv, Client(*srv.address) as client:
+        futures = [client.submit(q, c) for q in QUESTIONS for c in CONTEXTS]
+        replies = [future.result(timeout=60) for future in futures]
+        engine = client.stats(timeout=30)["engine"]["description"]
+    return replies, engine
+
+
+def test_the_server_serves_the_fp16_model(fp16_dir: Path) -> None:
+    full, full_engine = served(fp16_dir, "fp32")
+    half, half_engine = served(fp16_dir, "fp16")
+    assert "(fp32," in full_engine and "(fp16," in half_engine
+    assert [(r["answer"], r["start"], r["end"]) for r in half] == \
+        [(r["answer"], r["start"], r["end"]) for r in full]
+    assert [r["score"] for r in half] != [r["score"] for r in full]  # really another model
+
+
+def test_a_precision_that_cannot_be_honoured_is_said_and_falls_back(
+        tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cases = [("onnx", "fp16", "has no fp16 model"), ("onnx", "bf16", "no bf16 model"),
+             ("pytorch", "fp16", "float16 only on CUDA")]
+    for kind, precision, reason in cases:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            engine = load_engine(kind, tiny_model_dir, device="cpu", threads=1,
+                                 precision=precision)
+        assert engine.precision == "fp32" and "(fp32," in engine.describe(), (kind, precision)
+        assert any(reason in r.getMessage() and "running fp32" in r.getMessage()
+                   for r in caplog.records), (kind, precision)
+        engine.close()
+
+
+def test_pytorch_runs_bf16_on_the_cpu(tiny_model_dir: Path) -> None:
+    engine = load_engine("pytorch", tiny_model_dir, device="cpu", threads=1, precision="bf16")
+    full = load_engine("pytorch", tiny_model_dir, device="cpu", threads=1)
+    feeds = {name: np.ones((2, 16), dtype=np.int64) for name in engine.input_names}
+    half, exact = engine.run(feeds), full.run(feeds)
+    assert engine.precision == "bf16" and "(bf16," in engine.describe()
+    assert half["start_logits"].dtype == np.float32
+    assert np.allclose(half["start_logits"], exact["start_logits"], atol=0.1)
+    assert not np.array_equal(half["start_logits"], exact["start_logits"])
+    engine.close()
+    full.close()
