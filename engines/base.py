@@ -15,11 +15,13 @@ class Engine(ABC):
     """A loaded model that runs one batch at a time.
 
     An engine is owned by one inference-session thread; it need not be thread-safe. Subclasses set
-    ``name`` (e.g. ``"onnx"``), ``device`` (e.g. ``"cpu"``, ``"cuda:0"``) and ``input_names``.
+    ``name`` (e.g. ``"onnx"``), ``device`` (e.g. ``"cpu"``, ``"cuda:0"``), ``input_names``, and
+    ``precision`` when it runs other than fp32.
     """
 
     name: str = "engine"
     device: str = "cpu"
+    precision: str = "fp32"
     input_names: tuple[str, ...] = ()
     output_names: tuple[str, ...] = QA_OUTPUT_NAMES
 

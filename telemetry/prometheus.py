@@ -120,6 +120,7 @@ def _info(snap: dict[str, Any]) -> GaugeMetricFamily:
     labels = {"model": snap.get("model", {}).get("name", ""),
               "engine": snap.get("engine", {}).get("type", ""),
               "device": snap.get("engine", {}).get("device", ""),
+              "precision": snap.get("engine", {}).get("precision", ""),
               "sessions": str(snap["config"]["num_inference_sessions"]),
               "workers": str(snap["config"].get("workers", 1)),
               "max_batch_size": str(snap["config"]["max_batch_size"])}

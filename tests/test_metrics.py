@@ -96,6 +96,7 @@ def test_metrics_endpoint_serves_the_same_figures_as_prometheus_text(
     assert set(stats["events"]) == {key[1][1] for key in events}
     info = next(iter(metrics["qa_server_info"]))
     assert ("model", "tiny-random-bert-qa-0") in info and ("engine", "onnx") in info
+    assert ("precision", "fp32") in info
 
 
 def test_gpu_series_are_absent_without_a_gpu(server: InferenceServer) -> None:

@@ -53,8 +53,9 @@ def served(model_dir: Path, precision: str) -> tuple[list[dict[str, object]], st
     with InferenceServer(config) as srv, Client(*srv.address) as client:
         futures = [client.submit(q, c) for q in QUESTIONS for c in CONTEXTS]
         replies = [future.result(timeout=60) for future in futures]
-        engine = client.stats(timeout=30)["engine"]["description"]
-    return replies, engine
+        engine = client.stats(timeout=30)["engine"]
+    assert engine["precision"] in engine["description"]
+    return replies, engine["description"]
 
 
 def test_the_server_serves_the_fp16_model(fp16_dir: Path) -> None:

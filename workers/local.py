@@ -168,7 +168,7 @@ class LocalBackend:
                                else {}, "max_batch_size": self.policy.cap}
         if engine is not None:
             out["engine"] = {"type": engine.name, "device": engine.device,
-                             "description": engine.describe()}
+                             "precision": engine.precision, "description": engine.describe()}
         return out
 
     def stop(self, timeout: float) -> bool:
