@@ -36,7 +36,8 @@ from stress_test import load_pairs, run_closed_loop  # noqa: E402
 
 
 def raw_ceiling(kind: str, model_dir: str, pairs: list[tuple[str, str]], batch_sizes: list[int],
-                min_pairs: int, threads: int) -> list[dict[str, Any]]:
+                min_pairs: int, threads: int, device: str = "auto",
+                precision: str = "fp32") -> list[dict[str, Any]]:
     """Pairs/s of the engine called in-process, per batch size (tokenize + run + decode)."""
     from engines import load_engine
     from engines.model_dir import load_model_info
@@ -45,7 +46,7 @@ def raw_ceiling(kind: str, model_dir: str, pairs: list[tuple[str, str]], batch_s
     info = load_model_info(model_dir)
     task = QATask.from_dir(model_dir, QAConfig(handle_impossible_answer=info.squad2),
                            input_names=info.input_names)
-    engine = load_engine(kind, model_dir, threads=threads)
+    engine = load_engine(kind, model_dir, threads=threads, device=device, precision=precision)
     rows = []
     for size in batch_sizes:
         batches = max(2, -(-min_pairs // size))
@@ -53,8 +54,9 @@ def raw_ceiling(kind: str, model_dir: str, pairs: list[tuple[str, str]], batch_s
         started = time.perf_counter()
         latencies = _run_batches(task, engine, pairs, size, batches, offset=size)
         elapsed = time.perf_counter() - started
-        rows.append(_raw_row(kind, f"1 engine x {threads} thread(s)", size, batches * size,
-                             elapsed, latencies))
+        layout = f"1 engine x {threads or 'auto'} thread(s)" + \
+            (f", {precision}" if precision != "fp32" else "")
+        rows.append(_raw_row(kind, layout, size, batches * size, elapsed, latencies))
     return rows
 
 

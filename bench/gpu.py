@@ -1,0 +1,209 @@
+"""The GPU benchmark: raw engines per precision and batch, then the server, with NVML beside it.
+
+    bash bench/gpu.sh                                   # a bare GPU box: install, prepare, run
+    python bench/gpu.py --model_dir saved_models/bert-base-random
+    python bench/gpu.py --model_dir saved_models --device cpu     # the dry run, on any machine
+
+(1) Raw engine: each engine (onnx, pytorch) at each precision (fp32, fp16) called in-process on
+    the request mix at batches 1-64, tokenization and decoding included (bench/bench.py's
+    ``raw_ceiling``); an fp16 the model folder or device cannot run is skipped, and said.
+(2) The server: a real server.py per engine, batching mode (auto, off) and layout (1 worker;
+    one worker per GPU where there are several), closed-loop load at 1, 8, 32, 64 and 256
+    clients for ``--seconds`` each, with GPU utilisation, memory and power sampled through NVML
+    during each level.
+It prints the tables and the targets (server / best raw batch, auto / off at 64 clients, GPU
+utilisation at saturation, fp16 / fp32 raw), and writes every figure as JSON and a PNG plot.
+``--device cpu`` is a dry run: the same steps on the CPU, with small counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.bench import machine, raw_ceiling, raw_table, start_server  # noqa: E402
+from bench.gpu_report import plot, targets_table  # noqa: E402
+from client import Client  # noqa: E402
+from settings.cli import HelpFormatter  # noqa: E402
+from stress_test import load_pairs, run_closed_loop  # noqa: E402
+
+
+class NvmlSampler:
+    """Samples every GPU's utilisation, memory and power on a thread while a level runs."""
+
+    def __init__(self, period_s: float = 0.2) -> None:
+        self.period_s = period_s
+        self.samples: list[tuple[float, float, float]] = []  # (util %, memory MiB, watts) summed
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
+                             for i in range(pynvml.nvmlDeviceGetCount())]
+        except Exception:  # noqa: BLE001 - no driver or no GPU: nothing to sample
+            self._handles = []
+
+    @property
+    def gpus(self) -> int:
+        """GPUs NVML sees (0 without a driver)."""
+        return len(self._handles)
+
+    def __enter__(self) -> NvmlSampler:
+        self.samples, self._stop = [], threading.Event()
+        if self._handles:
+            self._thread = threading.Thread(target=self._run, daemon=True, name="nvml")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        nvml = self._nvml
+        while not self._stop.wait(self.period_s):
+            util = [nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self._handles]
+            memory = sum(nvml.nvmlDeviceGetMemoryInfo(h).used for h in self._handles) / 2**20
+            watts = sum(nvml.nvmlDeviceGetPowerUsage(h) for h in self._handles) / 1000
+            self.samples.append((sum(util) / len(util), memory, watts))
+
+    def summary(self) -> dict[str, float]:
+        """Mean utilisation (%, averaged over GPUs), peak memory (MiB) and mean power (W)."""
+        if not self.samples:
+            return {}
+        util, memory, watts = zip(*self.samples)
+        return {"gpu_util_pct": sum(util) / len(util), "gpu_memory_mib": max(memory),
+                "gpu_power_w": sum(watts) / len(watts)}
+
+
+def raw_rows(args: argparse.Namespace, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The raw engine per engine and precision; precisions an engine cannot run are skipped."""
+    from engines import load_engine
+
+    rows = []
+    for kind in args.engines:
+        for precision in args.precisions:
+            probe = load_engine(kind, args.model_dir, device=args.device, precision=precision)
+            runs, device = probe.precision, probe.device
+            probe.close()
+            if runs != precision:
+                print(f"  raw {kind} {precision}: not run on {device} (the engine said why, "
+                      f"above)", flush=True)
+                continue
+            for row in raw_ceiling(kind, args.model_dir, pairs, args.batch_sizes,
+                                   args.raw_pairs, threads=0, device=args.device,
+                                   precision=precision):
+                rows.append({**row, "precision": precision, "device": device})
+    return rows
+
+
+def layouts(gpus: int) -> dict[str, list[str]]:
+    """Server layouts: one worker; and one worker per GPU where there are several."""
+    found = {"1 worker": ["--workers", "1"]}
+    if gpus > 1:
+        found[f"{gpus} workers"] = ["--workers", str(gpus), "--cuda_devices",
+                                    ",".join(map(str, range(gpus)))]
+    return found
+
+
+def server_rows(args: argparse.Namespace, pairs: list[tuple[str, str]],
+                sampler: NvmlSampler) -> list[dict[str, Any]]:
+    """Every engine x layout x batching mode, at every client count."""
+    rows = []
+    for kind in args.engines:
+        for layout, flags in layouts(sampler.gpus).items():
+            for mode in ("auto", "off"):
+                extra = ["--device", args.device, "--precision", args.server_precision,
+                         "--batching", mode, *flags]
+                proc, port = start_server(kind, args.model_dir, args.sessions, extra)
+                try:
+                    with Client("127.0.0.1", port) as client:  # what it really runs
+                        precision = client.stats(timeout=30)["engine"]["precision"]
+                    for clients in args.concurrency:
+                        row = _level(kind, layout, mode, port, clients, pairs, args, sampler)
+                        rows.append({**row, "precision": precision})
+                finally:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(timeout=120)
+    return rows
+
+
+def _level(kind: str, layout: str, mode: str, port: int, clients: int,
+           pairs: list[tuple[str, str]], args: argparse.Namespace,
+           sampler: NvmlSampler) -> dict[str, Any]:
+    with sampler:
+        result = run_closed_loop("127.0.0.1", port, clients=clients, requests_per_client=10**7,
+                                 pairs=pairs, warmup=4, progress=False, budget_s=args.seconds)
+    row = {"engine": kind, "layout": layout, "batching": mode, "concurrency": clients,
+           **sampler.summary(),
+           **{k: result[k] for k in ("throughput_rps", "p50_ms", "p99_ms", "errors", "ok")}}
+    gpu = f", GPU {row['gpu_util_pct']:.0f}%" if "gpu_util_pct" in row else ""
+    print(f"  server {kind} {layout} batching={mode} c={clients:>3}: "
+          f"{row['throughput_rps']:8.1f} req/s, p50 {row['p50_ms']:7.1f} ms{gpu}, "
+          f"errors {row['errors'] or 0}", flush=True)
+    return row
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Command-line options; ``--device cpu`` shrinks the defaults to a dry run."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--model_dir", default="saved_models/bert-base-random",
+                   help="a folder from prepare_model.py (--random_bert_base --fp16)")
+    p.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (a dry run)")
+    p.add_argument("--engines", default="onnx,pytorch", help="engines, comma-separated")
+    p.add_argument("--precisions", default="fp32,fp16", help="raw-engine precisions")
+    p.add_argument("--server_precision", default="fp16", help="the servers' --precision")
+    p.add_argument("--batch_sizes", default="1,2,4,8,16,32,64", help="raw-engine batch sizes")
+    p.add_argument("--concurrency", default="1,8,32,64,256", help="server client counts")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="seconds of load per level (default 8; 1 for a dry run)")
+    p.add_argument("--raw_pairs", type=int, default=None,
+                   help="pairs per raw batch size, at least (default 256; 8 for a dry run)")
+    p.add_argument("--sessions", type=int, default=2, help="server --num_inference_sessions")
+    p.add_argument("--data", default=None, help="request mix (default: bench/data/qa_pairs.jsonl)")
+    p.add_argument("--json", default="bench/results/gpu.json", help="where to write figures")
+    p.add_argument("--plot", default="bench/results/gpu.png", help="where to draw them")
+    args = p.parse_args(argv)
+    dry = args.device == "cpu"
+    args.seconds = args.seconds if args.seconds is not None else (1.0 if dry else 8.0)
+    args.raw_pairs = args.raw_pairs if args.raw_pairs is not None else (8 if dry else 256)
+    for name in ("engines", "precisions"):
+        setattr(args, name, getattr(args, name).split(","))
+    args.batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
+    args.concurrency = [int(x) for x in args.concurrency.split(",")]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both parts, print the tables, write the JSON and the plot; exit status 0."""
+    args = parse_args(argv)
+    pairs = load_pairs(args.data)
+    sampler = NvmlSampler()
+    info = {**machine(), "gpus": sampler.gpus, "device": args.device}
+    print(f"machine: {info}", flush=True)
+    raw = raw_rows(args, pairs)
+    server = server_rows(args, pairs, sampler)
+    print("\n" + raw_table(raw) + "\n\n" + targets_table(raw, server), flush=True)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": info, "argv": sys.argv[1:], "raw": raw,
+                               "server": server}, indent=2) + "\n", encoding="utf-8")
+    plot(args.plot, raw, server)
+    print(f"\nfigures written to {out} and {args.plot}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
