@@ -1,4 +1,4 @@
-"""ONNX Runtime engine: CUDA execution provider when present, else CPU."""
+"""ONNX Runtime engine: TensorRT, then CUDA, where present, else the CPU (engines/onnx_providers.py)."""
 
 from __future__ import annotations
 
@@ -11,28 +11,15 @@ import onnxruntime as ort
 
 from engines.base import Engine, check_outputs
 from engines.model_dir import ModelInfo, load_model_info
+from engines.onnx_binding import BoundRunner
+from engines.onnx_providers import (
+    CPU_PROVIDER,
+    CUDA_PROVIDER,
+    choose_providers,
+    provider_report,
+)
 
 log = logging.getLogger(__name__)
-
-CUDA_PROVIDER = "CUDAExecutionProvider"
-CPU_PROVIDER = "CPUExecutionProvider"
-
-
-def choose_providers(device: str) -> list[str | tuple[str, dict[str, object]]]:
-    """Execution providers for ``device`` ("auto", "cpu", "cuda" or "cuda:N").
-
-    Raises:
-        RuntimeError: CUDA was asked for explicitly but this onnxruntime build has no CUDA provider.
-    """
-    available = ort.get_available_providers()
-    if device == "cpu":
-        return [CPU_PROVIDER]
-    if CUDA_PROVIDER in available:
-        index = int(device.split(":", 1)[1]) if device.startswith("cuda:") else 0
-        return [(CUDA_PROVIDER, {"device_id": index}), CPU_PROVIDER]
-    if device != "auto":
-        raise RuntimeError(f"device {device!r} asked for, but onnxruntime offers only {available}")
-    return [CPU_PROVIDER]
 
 
 class OnnxEngine(Engine):
@@ -51,19 +38,25 @@ class OnnxEngine(Engine):
             requests waiting); default: always, i.e. never the lone session.
         precision: "fp16" runs the folder's ``model_fp16.onnx`` (prepare_model.py --fp16);
             without one, and for "bf16" (no such export), it says so and runs fp32.
+        io_binding: Run batches through ``BoundRunner`` (device buffers kept per shape); None:
+            where the session runs on CUDA.
     """
 
     name = "onnx"
 
     def __init__(self, model_dir: str | Path, *, device: str = "auto", intra_op_threads: int = 0,
                  inter_op_threads: int = 1, lone_threads: int = 0,
-                 crowded: Callable[[], bool] | None = None, precision: str = "fp32") -> None:
+                 crowded: Callable[[], bool] | None = None, precision: str = "fp32",
+                 io_binding: bool | None = None) -> None:
         info = load_model_info(model_dir)
         self.precision, model_file = model_file_for(info, Path(model_dir), precision)
         path = Path(model_dir) / model_file
+        asked = choose_providers(device, model_dir=Path(model_dir), fp16=self.precision == "fp16")
         self.session = ort.InferenceSession(str(path), _options(intra_op_threads, inter_op_threads),
-                                            providers=choose_providers(device))
-        active = self.session.get_providers()[0]
+                                            providers=asked)
+        log.info("%s", provider_report(asked, self.session.get_providers(),
+                                       ort.get_available_providers()))
+        active = CUDA_PROVIDER if CUDA_PROVIDER in self.session.get_providers() else CPU_PROVIDER
         self.lone_session: ort.InferenceSession | None = None
         if active == CPU_PROVIDER and lone_threads > intra_op_threads > 0 and crowded is not None:
             options = _options(lone_threads, inter_op_threads)
@@ -76,6 +69,10 @@ class OnnxEngine(Engine):
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = tuple(o.name for o in self.session.get_outputs())
         self.threads = intra_op_threads
+        self.binder: BoundRunner | None = None
+        if active == CUDA_PROVIDER if io_binding is None else io_binding:
+            where = ("cuda", self._cuda_index()) if active == CUDA_PROVIDER else ("cpu", 0)
+            self.binder = BoundRunner(self.session, self.output_names, *where)
 
     def _cuda_index(self) -> int:
         options = self.session.get_provider_options().get(CUDA_PROVIDER, {})
@@ -88,7 +85,10 @@ class OnnxEngine(Engine):
         if self.lone_session is not None and not self.crowded():
             session = self.lone_session
             self.lone_runs += 1
-        values = session.run(list(self.output_names), inputs)
+        if self.binder is not None and session is self.session:
+            values = self.binder.run(inputs)
+        else:
+            values = session.run(list(self.output_names), inputs)
         outputs = dict(zip(self.output_names, values))
         check_outputs(inputs, outputs)
         return outputs
@@ -97,6 +97,7 @@ class OnnxEngine(Engine):
         """Engine, device and thread settings, for logs."""
         threads = self.threads or "auto"
         lone = f"; {self.lone_threads} for a lone batch" if self.lone_threads else ""
+        lone += "; I/O binding" if self.binder is not None else ""
         return (f"onnxruntime {ort.__version__} on {self.device} ({self.precision}, intra-op "
                 f"threads: {threads}{lone})")
 

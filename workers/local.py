@@ -95,7 +95,8 @@ class LocalBackend:
             # at once would time each other's contention); every session primes its engine.
             timed = cfg.batching == "auto" and index == 0 and initial
             return InferenceSession(index, self.engine_factory, task, self.queue, self.policy,
-                                    self.stats, warmup=warmup if timed else ())
+                                    self.stats, warmup=warmup if timed else (),
+                                    prime=task.buckets)
 
         self.pool = SessionPool(cfg.num_inference_sessions, make,
                                 on_restart=lambda: self.stats.count_event("session_restart"))

@@ -1,0 +1,71 @@
+"""The ONNX engine's GPU paths, on the CPU: provider order and its report, and I/O binding."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engines.onnx_engine import OnnxEngine
+from engines.onnx_providers import (
+    CPU_PROVIDER,
+    CUDA_PROVIDER,
+    TENSORRT_PROVIDER,
+    choose_providers,
+    provider_report,
+)
+
+ALL = [TENSORRT_PROVIDER, CUDA_PROVIDER, CPU_PROVIDER]
+
+
+def test_providers_go_tensorrt_then_cuda_then_cpu(tmp_path: Path) -> None:
+    chain = choose_providers("cuda:1", model_dir=tmp_path, fp16=True, available=ALL)
+    assert [p if isinstance(p, str) else p[0] for p in chain] == ALL
+    trt, cuda = dict(chain[0][1]), dict(chain[1][1])  # type: ignore[index]
+    assert trt["device_id"] == cuda["device_id"] == 1 and trt["trt_fp16_enable"] is True
+    assert trt["trt_engine_cache_enable"] is True
+    assert trt["trt_engine_cache_path"] == str(tmp_path / "trt_cache")  # kept with the model
+    no_trt = choose_providers("auto", available=[CUDA_PROVIDER, CPU_PROVIDER])
+    assert [p if isinstance(p, str) else p[0] for p in no_trt] == [CUDA_PROVIDER, CPU_PROVIDER]
+    assert choose_providers("cpu", available=ALL) == [CPU_PROVIDER]
+    assert choose_providers("auto", available=[CPU_PROVIDER]) == [CPU_PROVIDER]
+    with pytest.raises(RuntimeError, match="install onnxruntime-gpu"):
+        choose_providers("cuda", available=[CPU_PROVIDER])
+
+
+def test_the_report_says_why_each_missing_provider_is_missing() -> None:
+    asked = choose_providers("cuda", available=ALL)
+    line = provider_report(asked, [CUDA_PROVIDER, CPU_PROVIDER], ALL)
+    assert line.startswith("execution providers: asked TensorRT -> CUDA -> CPU; running CUDA -> CPU")
+    assert "TensorRT: could not start" in line and "CUDA:" not in line.split("(", 1)[1]
+    plain = provider_report([CPU_PROVIDER], [CPU_PROVIDER], [CPU_PROVIDER])
+    assert "TensorRT: not in this onnxruntime build" in plain
+    assert "CUDA: not in this onnxruntime build" in plain
+    assert "not asked for" in provider_report([CPU_PROVIDER], [CPU_PROVIDER], ALL)
+
+
+def test_the_engine_logs_its_providers_at_start(tiny_model_dir: Path,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="engines.onnx_engine"):
+        engine = OnnxEngine(tiny_model_dir, device="auto", intra_op_threads=1)
+    assert engine.device == "cpu" and engine.binder is None  # binding only where CUDA runs
+    assert any(r.getMessage().startswith("execution providers: asked CPU; running CPU (")
+               for r in caplog.records)
+
+
+def test_io_binding_gives_the_same_logits_and_keeps_buffers_per_shape(
+        tiny_model_dir: Path) -> None:
+    bound = OnnxEngine(tiny_model_dir, device="cpu", intra_op_threads=1, io_binding=True)
+    plain = OnnxEngine(tiny_model_dir, device="cpu", intra_op_threads=1)
+    assert bound.binder is not None and "I/O binding" in bound.describe()
+    rng = np.random.default_rng(0)
+    for rows, length in [(1, 16), (3, 32), (1, 16), (3, 32), (2, 16)]:
+        feeds = {"input_ids": rng.integers(1, 1000, (rows, length)),
+                 "attention_mask": np.ones((rows, length), dtype=np.int64),
+                 "token_type_ids": rng.integers(0, 2, (rows, length))}
+        got, expected = bound.run(feeds), plain.run(feeds)
+        for name in ("start_logits", "end_logits"):
+            assert np.array_equal(got[name], expected[name]), (rows, length, name)
+    assert bound.binder.allocations == 3  # one set of buffers per shape, reused after
