@@ -97,5 +97,6 @@ class TorchEngine(Engine):
 
     def describe(self) -> str:
         """Engine, device and dtype, for logs."""
-        return (f"pytorch {torch.__version__} on {self.device} ({self.precision}, threads: "
-                f"{torch.get_num_threads()})")
+        attention = getattr(self.model.config, "_attn_implementation", None) or "eager"
+        return (f"pytorch {torch.__version__} on {self.device} ({self.precision}, {attention} "
+                f"attention, threads: {torch.get_num_threads()})")
