@@ -26,6 +26,11 @@ RUN python3.11 -m venv /opt/venv \
     && sed 's/^onnxruntime==/onnxruntime-gpu==/' requirements.txt > requirements-gpu.txt \
     && /opt/venv/bin/pip install -r requirements-gpu.txt -c constraints.txt
 ENV PATH=/opt/venv/bin:$PATH
+# TensorRT 10 libraries for onnxruntime-gpu's TensorRT provider (libnvinfer.so.10, the major
+# version onnxruntime 1.23 links against); without them the server logs why and runs on CUDA.
+ARG TENSORRT_LIBS=tensorrt-cu12-libs==10.13.0.35
+RUN if [ -n "$TENSORRT_LIBS" ]; then /opt/venv/bin/pip install "$TENSORRT_LIBS"; fi
+ENV LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/tensorrt_libs:${LD_LIBRARY_PATH}
 # jemalloc for every process of the server: the tokenizer allocates heavily, and with it the
 # server spends about 12% less CPU per request (docs/benchmarks.md, docs/operations.md).
 ENV LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
