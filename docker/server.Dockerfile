@@ -43,6 +43,8 @@ COPY settings/ settings/
 COPY transport/ transport/
 COPY telemetry/ telemetry/
 COPY workers/ workers/
+# the request mix: prepare_model.py --fp16 checks the fp16 export on it (engines/fp16.py)
+COPY bench/data/ bench/data/
 
 # The prepared model is mounted here (run prepare_model.py once; see README).
 VOLUME ["/app/saved_models"]
