@@ -37,7 +37,8 @@ class BoundRunner:
         self.allocations = 0  # buffer sets made, for tests and stats
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """The outputs for ``inputs`` (int64, C-contiguous, one shape), in ``output_names`` order."""
+        """The outputs for ``inputs`` (int64, C-contiguous, all of one shape), in the order of
+        ``output_names``."""
         buffers = self._buffers_for(next(iter(inputs.values())).shape, inputs)
         binding = self.session.io_binding()
         for name, value in inputs.items():

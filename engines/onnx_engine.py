@@ -1,4 +1,4 @@
-"""ONNX Runtime engine: TensorRT, then CUDA, where present, else the CPU (engines/onnx_providers.py)."""
+"""ONNX Runtime engine: TensorRT, then CUDA, where present, else the CPU (onnx_providers.py)."""
 
 from __future__ import annotations
 

@@ -141,8 +141,8 @@ def window_bounds(tokens: int, room: int, stride: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def check_question_room(question_len: int, context_len: Callable[[], int], max_seq_len: int, specials: int,
-                        stride: int) -> int:
+def check_question_room(question_len: int, context_len: Callable[[], int], max_seq_len: int,
+                        specials: int, stride: int) -> int:
     """The context tokens a window has room for, after checking that the tokenizer can window
     the request (it would raise, or panic in Rust); ``context_len()`` counts the context's
     tokens, only when needed.
@@ -197,7 +197,8 @@ def _pair_template(full: Tokenizer, plain: Tokenizer) -> tuple[tuple[list[int], 
     pair is not ``head question middle context tail`` with one type id for each part."""
     question, context = "who was there", "the cat sat there"
     pair = full.encode(question, context)
-    q_ids, c_ids = (plain.encode(text, add_special_tokens=False).ids for text in (question, context))
+    q_ids, c_ids = (plain.encode(text, add_special_tokens=False).ids
+                    for text in (question, context))
     ids, types, sequences = pair.ids, pair.type_ids, pair.sequence_ids
     try:
         q_at, c_at = sequences.index(0), sequences.index(1)
