@@ -54,7 +54,8 @@ class BoundRunner:
         if shape in self._buffers:
             self._buffers.move_to_end(shape)
             return self._buffers[shape]
-        made = {name: ort.OrtValue.ortvalue_from_numpy(value, self.device, self.device_id)
+        # a copy: on the CPU an OrtValue wraps the array it is given, which is the caller's
+        made = {name: ort.OrtValue.ortvalue_from_numpy(value.copy(), self.device, self.device_id)
                 for name, value in inputs.items()}
         self.allocations += 1
         self._buffers[shape] = made

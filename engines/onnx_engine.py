@@ -15,7 +15,11 @@ from engines.onnx_binding import BoundRunner
 from engines.onnx_providers import (
     CPU_PROVIDER,
     CUDA_PROVIDER,
+    TENSORRT_PROVIDER,
+    Provider,
     choose_providers,
+    names,
+    open_session,
     provider_report,
 )
 
@@ -48,12 +52,8 @@ class OnnxEngine(Engine):
                  inter_op_threads: int = 1, lone_threads: int = 0,
                  crowded: Callable[[], bool] | None = None, precision: str = "fp32",
                  io_binding: bool | None = None) -> None:
-        info = load_model_info(model_dir)
-        self.precision, model_file = model_file_for(info, Path(model_dir), precision)
-        path = Path(model_dir) / model_file
-        asked = choose_providers(device, model_dir=Path(model_dir), fp16=self.precision == "fp16")
-        self.session = ort.InferenceSession(str(path), _options(intra_op_threads, inter_op_threads),
-                                            providers=asked)
+        path, asked = self._open(Path(model_dir), device, precision,
+                                 _options(intra_op_threads, inter_op_threads))
         log.info("%s", provider_report(asked, self.session.get_providers(),
                                        ort.get_available_providers()))
         active = CUDA_PROVIDER if CUDA_PROVIDER in self.session.get_providers() else CPU_PROVIDER
@@ -73,6 +73,29 @@ class OnnxEngine(Engine):
         if active == CUDA_PROVIDER if io_binding is None else io_binding:
             where = ("cuda", self._cuda_index()) if active == CUDA_PROVIDER else ("cpu", 0)
             self.binder = BoundRunner(self.session, self.output_names, *where)
+
+    def _open(self, folder: Path, device: str, precision: str,
+              options: ort.SessionOptions) -> tuple[Path, list[Provider]]:
+        """Open ``self.session`` and set ``self.precision``; the model file and providers used.
+
+        TensorRT cannot parse the fp16 export's onnxruntime-only fused operators: it takes the
+        plain graph and builds float16 engines itself. Where it then does not start, CUDA runs
+        the fp16 export instead, as without TensorRT.
+        """
+        info = load_model_info(folder)
+        asked = choose_providers(device, model_dir=folder, fp16=precision == "fp16")
+        tensorrt = names(asked)[0] == TENSORRT_PROVIDER
+        if tensorrt and precision == "fp16":
+            self.precision, model_file = "fp16", info.onnx_file
+        else:
+            self.precision, model_file = model_file_for(info, folder, precision)
+        self.session, asked = open_session(folder / model_file, options, asked, device)
+        if tensorrt and TENSORRT_PROVIDER not in self.session.get_providers() \
+                and precision == "fp16":
+            self.precision, model_file = model_file_for(info, folder, precision)
+            asked = [p for p in asked if names([p]) != [TENSORRT_PROVIDER]]
+            self.session, asked = open_session(folder / model_file, options, asked, device)
+        return folder / model_file, asked
 
     def _cuda_index(self) -> int:
         options = self.session.get_provider_options().get(CUDA_PROVIDER, {})

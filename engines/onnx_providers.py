@@ -1,34 +1,52 @@
 """Which ONNX Runtime execution providers a session asks for, and what it says about the result.
 
-The order is TensorRT, CUDA, CPU: each one takes the parts of the graph it can run, and a provider
-that cannot start (TensorRT without its libraries, say) leaves its work to the next. TensorRT keeps
-its built engines in the model folder (``trt_cache/``), so a restart reuses them instead of
-building for minutes. ``provider_report`` is the start-up log line: what was asked, what runs, and
-why each missing provider is missing.
+The order is TensorRT, CUDA, CPU: each one takes the parts of the graph it can run. TensorRT is
+asked for only where its libraries load, and keeps its built engines in the model folder
+(``trt_cache/``), so a restart reuses them instead of building for minutes. ``open_session``
+makes sure a session runs on the GPU it was given, or, for ``--device auto``, on the CPU when the
+GPU cannot start (onnxruntime's own retry of a failing list forgets the GPU index).
+``provider_report`` is the start-up log line: what was asked, what runs, and why each missing
+provider is missing.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 from pathlib import Path
 
 import onnxruntime as ort
+
+log = logging.getLogger(__name__)
 
 TENSORRT_PROVIDER = "TensorrtExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
 CPU_PROVIDER = "CPUExecutionProvider"
 TRT_CACHE_DIR = "trt_cache"
+TRT_LIBRARY = "libnvinfer.so.10"  # the TensorRT major version onnxruntime 1.23 links against
 
 Provider = str | tuple[str, dict[str, object]]
 
 
+def tensorrt_libraries() -> bool:
+    """Whether TensorRT's runtime library loads in this process."""
+    try:
+        ctypes.CDLL(TRT_LIBRARY)
+    except OSError:
+        return False
+    return True
+
+
 def choose_providers(device: str, *, model_dir: Path | None = None, fp16: bool = False,
-                     available: list[str] | None = None) -> list[Provider]:
+                     available: list[str] | None = None,
+                     tensorrt: bool | None = None) -> list[Provider]:
     """Execution providers for ``device`` ("auto", "cpu", "cuda" or "cuda:N"), best first.
 
     Args:
         model_dir: Where TensorRT keeps its engine cache (``trt_cache/`` inside it).
         fp16: Let TensorRT build float16 engines.
         available: The providers this onnxruntime build has (default: ask it).
+        tensorrt: Whether TensorRT's libraries load (default: try to load them).
 
     Raises:
         RuntimeError: CUDA was asked for explicitly but this onnxruntime build has no CUDA
@@ -44,7 +62,7 @@ def choose_providers(device: str, *, model_dir: Path | None = None, fp16: bool =
         return [CPU_PROVIDER]
     index = int(device.split(":", 1)[1]) if device.startswith("cuda:") else 0
     chain: list[Provider] = []
-    if TENSORRT_PROVIDER in available:
+    if TENSORRT_PROVIDER in available and (tensorrt_libraries() if tensorrt is None else tensorrt):
         options: dict[str, object] = {"device_id": index, "trt_fp16_enable": fp16,
                                       "trt_engine_cache_enable": True,
                                       "trt_timing_cache_enable": True}
@@ -54,21 +72,52 @@ def choose_providers(device: str, *, model_dir: Path | None = None, fp16: bool =
     return chain + [(CUDA_PROVIDER, {"device_id": index}), CPU_PROVIDER]
 
 
+def open_session(path: Path, options: ort.SessionOptions, asked: list[Provider],
+                 device: str) -> tuple[ort.InferenceSession, list[Provider]]:
+    """A session on ``asked``, and the providers finally asked for.
+
+    Raises:
+        RuntimeError: The GPU named by ``device`` (not "auto") cannot start.
+    """
+    try:
+        session = ort.InferenceSession(str(path), options, providers=asked)
+    except (RuntimeError, ValueError) as exc:
+        if device != "auto" or asked == [CPU_PROVIDER]:
+            raise RuntimeError(f"onnxruntime cannot start on {device}: {exc}") from exc
+        log.warning("onnxruntime cannot start on the GPU (%s); running on the CPU",
+                    str(exc).splitlines()[0][:300])
+        return ort.InferenceSession(str(path), options, providers=[CPU_PROVIDER]), [CPU_PROVIDER]
+    wanted = next((p[1]["device_id"] for p in asked if not isinstance(p, str)
+                   and p[0] == CUDA_PROVIDER), None)
+    got = session.get_provider_options().get(CUDA_PROVIDER, {}).get("device_id")
+    if wanted is not None and got is not None and int(got) != int(wanted):  # type: ignore[arg-type]
+        asked = [p for p in asked if names([p]) != [TENSORRT_PROVIDER]]  # TensorRT failed
+        session = ort.InferenceSession(str(path), options, providers=asked)
+    return session, asked
+
+
+def names(providers: list[Provider]) -> list[str]:
+    """The providers' names, without their options."""
+    return [p if isinstance(p, str) else p[0] for p in providers]
+
+
 def provider_report(asked: list[Provider], active: list[str], available: list[str]) -> str:
     """One line: the providers asked for, those running, and why each of the others is not."""
-    names = [p if isinstance(p, str) else p[0] for p in asked]
+    asked_names = names(asked)
     reasons = []
     for wanted in (TENSORRT_PROVIDER, CUDA_PROVIDER):
         if wanted in active:
             continue
         if wanted not in available:
             why = "not in this onnxruntime build"
-        elif wanted not in names:
-            why = "not asked for (--device cpu)"
+        elif CPU_PROVIDER in asked_names and len(asked_names) == 1:
+            why = "not asked for (--device cpu, or the GPU could not start)"
+        elif wanted not in asked_names:
+            why = f"its libraries ({TRT_LIBRARY}) do not load"
         else:
             why = "could not start (onnxruntime logged why above: missing or mismatched libraries?)"
         reasons.append(f"{_short(wanted)}: {why}")
-    return (f"execution providers: asked {' -> '.join(map(_short, names))}; running "
+    return (f"execution providers: asked {' -> '.join(map(_short, asked_names))}; running "
             f"{' -> '.join(map(_short, active))}" + (f" ({'; '.join(reasons)})" if reasons else ""))
 
 

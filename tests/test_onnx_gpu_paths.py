@@ -21,7 +21,8 @@ ALL = [TENSORRT_PROVIDER, CUDA_PROVIDER, CPU_PROVIDER]
 
 
 def test_providers_go_tensorrt_then_cuda_then_cpu(tmp_path: Path) -> None:
-    chain = choose_providers("cuda:1", model_dir=tmp_path, fp16=True, available=ALL)
+    chain = choose_providers("cuda:1", model_dir=tmp_path, fp16=True, available=ALL,
+                             tensorrt=True)
     assert [p if isinstance(p, str) else p[0] for p in chain] == ALL
     trt, cuda = dict(chain[0][1]), dict(chain[1][1])  # type: ignore[index]
     assert trt["device_id"] == cuda["device_id"] == 1 and trt["trt_fp16_enable"] is True
@@ -29,6 +30,8 @@ def test_providers_go_tensorrt_then_cuda_then_cpu(tmp_path: Path) -> None:
     assert trt["trt_engine_cache_path"] == str(tmp_path / "trt_cache")  # kept with the model
     no_trt = choose_providers("auto", available=[CUDA_PROVIDER, CPU_PROVIDER])
     assert [p if isinstance(p, str) else p[0] for p in no_trt] == [CUDA_PROVIDER, CPU_PROVIDER]
+    no_libs = choose_providers("auto", available=ALL, tensorrt=False)  # TensorRT would not load
+    assert [p if isinstance(p, str) else p[0] for p in no_libs] == [CUDA_PROVIDER, CPU_PROVIDER]
     assert choose_providers("cpu", available=ALL) == [CPU_PROVIDER]
     assert choose_providers("auto", available=[CPU_PROVIDER]) == [CPU_PROVIDER]
     with pytest.raises(RuntimeError, match="install onnxruntime-gpu"):
@@ -36,7 +39,7 @@ def test_providers_go_tensorrt_then_cuda_then_cpu(tmp_path: Path) -> None:
 
 
 def test_the_report_says_why_each_missing_provider_is_missing() -> None:
-    asked = choose_providers("cuda", available=ALL)
+    asked = choose_providers("cuda", available=ALL, tensorrt=True)
     line = provider_report(asked, [CUDA_PROVIDER, CPU_PROVIDER], ALL)
     assert line.startswith("execution providers: asked TensorRT -> CUDA -> CPU; running CUDA -> CPU")
     assert "TensorRT: could not start" in line and "CUDA:" not in line.split("(", 1)[1]
@@ -44,6 +47,9 @@ def test_the_report_says_why_each_missing_provider_is_missing() -> None:
     assert "TensorRT: not in this onnxruntime build" in plain
     assert "CUDA: not in this onnxruntime build" in plain
     assert "not asked for" in provider_report([CPU_PROVIDER], [CPU_PROVIDER], ALL)
+    without_libs = choose_providers("cuda", available=ALL, tensorrt=False)
+    assert "TensorRT: its libraries (libnvinfer.so.10) do not load" in \
+        provider_report(without_libs, [CUDA_PROVIDER, CPU_PROVIDER], ALL)
 
 
 def test_the_engine_logs_its_providers_at_start(tiny_model_dir: Path,
@@ -61,11 +67,15 @@ def test_io_binding_gives_the_same_logits_and_keeps_buffers_per_shape(
     plain = OnnxEngine(tiny_model_dir, device="cpu", intra_op_threads=1)
     assert bound.binder is not None and "I/O binding" in bound.describe()
     rng = np.random.default_rng(0)
+    sent = []
     for rows, length in [(1, 16), (3, 32), (1, 16), (3, 32), (2, 16)]:
         feeds = {"input_ids": rng.integers(1, 1000, (rows, length)),
                  "attention_mask": np.ones((rows, length), dtype=np.int64),
                  "token_type_ids": rng.integers(0, 2, (rows, length))}
+        sent.append((feeds, {name: value.copy() for name, value in feeds.items()}))
         got, expected = bound.run(feeds), plain.run(feeds)
         for name in ("start_logits", "end_logits"):
             assert np.array_equal(got[name], expected[name]), (rows, length, name)
     assert bound.binder.allocations == 3  # one set of buffers per shape, reused after
+    for feeds, before in sent:  # the caller's arrays are never written into
+        assert all(np.array_equal(feeds[name], before[name]) for name in feeds)
