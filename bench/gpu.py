@@ -8,9 +8,9 @@
     the request mix at batches 1-64, tokenization and decoding included (bench/bench.py's
     ``raw_ceiling``); an fp16 the model folder or device cannot run is skipped, and said.
 (2) The server: a real server.py per engine, batching mode (auto, off) and layout (1 worker;
-    one worker per GPU where there are several), closed-loop load at 1, 8, 32, 64 and 256
-    clients for ``--seconds`` each, with GPU utilisation, memory and power sampled through NVML
-    during each level.
+    one worker per GPU where there are several), with length buckets, closed-loop load at 1, 8,
+    32, 64 and 256 clients for ``--seconds`` each, with GPU utilisation, memory and power
+    sampled through NVML during each level.
 It prints the tables and the targets (server / best raw batch, auto / off at 64 clients, GPU
 utilisation at saturation, fp16 / fp32 raw), and writes every figure as JSON and a PNG plot.
 ``--device cpu`` is a dry run: the same steps on the CPU, with small counts.
@@ -126,7 +126,7 @@ def server_rows(args: argparse.Namespace, pairs: list[tuple[str, str]],
         for layout, flags in layouts(sampler.gpus).items():
             for mode in ("auto", "off"):
                 extra = ["--device", args.device, "--precision", args.server_precision,
-                         "--batching", mode, *flags]
+                         "--batching", mode, *flags, *args.server_args.split()]
                 proc, port = start_server(kind, args.model_dir, args.sessions, extra)
                 try:
                     with Client("127.0.0.1", port) as client:  # what it really runs
@@ -172,6 +172,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--raw_pairs", type=int, default=None,
                    help="pairs per raw batch size, at least (default 256; 8 for a dry run)")
     p.add_argument("--sessions", type=int, default=2, help="server --num_inference_sessions")
+    p.add_argument("--server_args", default="--length_buckets 64,128,256,384",
+                   help="more server.py flags, space-separated (length buckets: few shapes for "
+                        "TensorRT)")
     p.add_argument("--data", default=None, help="request mix (default: bench/data/qa_pairs.jsonl)")
     p.add_argument("--json", default="bench/results/gpu.json", help="where to write figures")
     p.add_argument("--plot", default="bench/results/gpu.png", help="where to draw them")

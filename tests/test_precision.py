@@ -30,6 +30,7 @@ def test_the_fp16_export_is_checked_against_fp32_and_recorded(fp16_dir: Path) ->
     meta = json.loads((fp16_dir / METADATA_FILE).read_text())["fp16"]
     assert meta["file"] == FP16_FILE and (fp16_dir / FP16_FILE).is_file()
     assert meta["agreement"] >= 0.99 and meta["agreeing"] <= meta["cases"] >= 50
+    assert meta["checked_on"] == "cpu"  # no GPU on the test machines
     assert 0 < meta["max_abs_logit_diff"] < 0.05  # fp16 rounding: not zero, not large
     import onnx
 

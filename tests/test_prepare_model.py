@@ -135,3 +135,13 @@ def test_a_local_trained_model_folder_carries_no_warning(tiny_model_dir: Path,
     assert (tmp_path / "m" / meta["fp16"]["file"]).is_file()
     assert meta["fp16"]["agreement"] >= 0.99 and meta["fp16"]["cases"] >= 50
     assert f"fp16: {meta['fp16']['agreeing']} of {meta['fp16']['cases']} answers" in done.stdout
+
+
+def test_an_fp16_export_below_the_agreement_asked_for_is_refused(tiny_model_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    done = run_prepare("--model", str(tiny_model_dir), "--model_dir", str(tmp_path / "m"),
+                       "--fp16", "--fp16_min_agreement", "1.01")  # no export can reach it
+    assert done.returncode == 1 and "not kept" in done.stderr
+    meta = json.loads((tmp_path / "m" / "serving.json").read_text())
+    assert meta["fp16"] is None and not (tmp_path / "m" / "model_fp16.onnx").exists()
+    assert done.stdout.startswith("prepared ")  # the fp32 folder is complete and serves
