@@ -163,7 +163,8 @@ class QATask:
                             self.config.max_seq_len, self._specials, self.config.doc_stride)
 
     def collate(self, batch: Sequence[QAFeatures]) -> dict[str, np.ndarray]:
-        """Stack every window of every request, right-padded to the longest one in the batch.
+        """Stack every window of every request, right-padded to the longest one in the batch
+        (to its length bucket, with ``length_buckets``).
 
         Returns:
             One int64 array ``[sum of rows, padded length of the longest window]`` per name in

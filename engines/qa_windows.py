@@ -28,7 +28,9 @@ from protocol.errors import BadRequest
 
 # Normalizers that, on ASCII text without control characters, do at most lower-case it.
 _ASCII_NOOP_NORMALIZERS = frozenset({"NFC", "NFD", "NFKC", "NFKD", "StripAccents"})
-# Pre-tokenizers that split on whitespace, which then need not be normalized to spaces.
+# Pre-tokenizers under which a tab, newline or carriage return acts as the space the normalizer
+# would make of it: they split there, or leave it inside a word that WordPiece cannot match
+# either way ([UNK] for the whole word, with the same offsets).
 _WHITESPACE_BLIND = frozenset({"BertPreTokenizer", "Whitespace", "WhitespaceSplit",
                                "Punctuation", "Digits"})
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # dropped by BERT's clean_text

@@ -45,8 +45,8 @@ class InferenceSession(threading.Thread):
         policy: How batches are formed; an int means "up to that many, in arrival order".
         stats: Where batch sizes, queue waits and engine times are recorded.
         warmup: Padded lengths to warm up and time before reporting ready (see ``warm_up``).
-        prime: Padded lengths to run once each (one row, untimed) before reporting ready: the
-            length buckets, so that engines that build per shape (TensorRT) have built them.
+        prime: Batch shapes (rows, padded length) to run once each, untimed, before reporting
+            ready, so that engines that build per shape (TensorRT) have built for them.
         on_exit: Called (from this thread) if the session stops for any reason other than the
             queue closing: its engine failed to load, or an exception escaped the serving loop.
             ``crash`` then holds that exception.
@@ -55,7 +55,7 @@ class InferenceSession(threading.Thread):
     def __init__(self, index: int, engine_factory: Callable[[], Engine], task: BatchTask,
                  queue: WorkQueue, policy: BatchPolicy | int = 1,
                  stats: ServerStats | None = None,
-                 warmup: Sequence[int] = (), prime: Sequence[int] = (),
+                 warmup: Sequence[int] = (), prime: Sequence[tuple[int, int]] = (),
                  on_exit: Callable[[InferenceSession], None] | None = None) -> None:
         super().__init__(name=f"session-{index}", daemon=True)
         self.index = index
@@ -65,7 +65,7 @@ class InferenceSession(threading.Thread):
         self.policy = policy if isinstance(policy, BatchPolicy) else \
             BatchPolicy(mode="fixed", max_items=policy, lookahead=policy)
         self.warmup_lengths = list(warmup)
-        self.prime_lengths = list(prime)
+        self.prime_shapes = list(prime)
         self.stats = stats if stats is not None else ServerStats()
         self.engine: Engine | None = None
         self.ready = threading.Event()
@@ -127,8 +127,8 @@ class InferenceSession(threading.Thread):
         model.
         """
         engine.run(dummy_feeds(engine.input_names, 1, 16))  # every engine: first run allocates
-        for length in self.prime_lengths:
-            engine.run(dummy_feeds(engine.input_names, 1, length))
+        for rows, length in self.prime_shapes:
+            engine.run(dummy_feeds(engine.input_names, rows, length))
         cap, budget = self.policy.cap, self.policy.max_tokens
         for length in self.warmup_lengths:
             best, rows = float("inf"), 1

@@ -53,8 +53,8 @@ class ServerConfig:
     max_batch_size: int = option(32, "most requests a session runs as one batch")
     length_buckets: str | None = option(None, "pad every batch to the next of these lengths, "
                                         "e.g. 64,128,256,384 (--max_seq_len is always the "
-                                        "last): few shapes for TensorRT profiles and CUDA "
-                                        "graphs to reuse; on CPU the padding only costs")
+                                        "last): few shapes for TensorRT, which builds per "
+                                        "shape; on a CPU the padding only costs")
     max_batch_tokens: int = option(16384, "most rows x padded length in one batch (a larger "
                                    "request runs alone)")
     max_queue_delay_ms: float = option(2.0, "most a request waits for a bigger batch (only spent "
@@ -169,6 +169,8 @@ class ServerConfig:
                 parse()
             except ValueError as exc:
                 problems.append(str(exc))
+        if not problems and any(n > self.max_seq_len for n in self.bucket_lengths()):
+            problems.append(f"--length_buckets must not exceed --max_seq_len {self.max_seq_len}")
         return problems
 
     def limits(self) -> FieldLimits:

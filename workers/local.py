@@ -41,6 +41,18 @@ def batch_policy(config: ServerConfig) -> BatchPolicy:
                        lookahead=config.batch_lookahead, cost=CostModel())
 
 
+def prime_shapes(buckets: tuple[int, ...], max_batch_tokens: int) -> list[tuple[int, int]]:
+    """Batch shapes every session runs before ready when there are length buckets: one row of
+    each bucket, and as many rows as the token budget allows at the shortest and the longest
+    bucket, so that an engine that builds for the range of shapes it has seen (TensorRT) has
+    built for every batch within the budget."""
+    shapes = [(1, length) for length in buckets]
+    if buckets and max_batch_tokens:
+        shapes += [(max(1, max_batch_tokens // n), n) for n in dict.fromkeys((buckets[0],
+                                                                                buckets[-1]))]
+    return shapes
+
+
 class LocalBackend:
     """Tokenizes requests as they are submitted and runs them on ``num_inference_sessions``
     threads, each with its own engine.
@@ -96,7 +108,7 @@ class LocalBackend:
             timed = cfg.batching == "auto" and index == 0 and initial
             return InferenceSession(index, self.engine_factory, task, self.queue, self.policy,
                                     self.stats, warmup=warmup if timed else (),
-                                    prime=task.buckets)
+                                    prime=prime_shapes(task.buckets, cfg.max_batch_tokens))
 
         self.pool = SessionPool(cfg.num_inference_sessions, make,
                                 on_restart=lambda: self.stats.count_event("session_restart"))
