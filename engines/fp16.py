@@ -92,12 +92,11 @@ def check_parity(folder: Path, info: ModelInfo, cases: list[tuple[str, str]]) ->
     tokens."""
     import onnxruntime as ort
 
-    from engines.onnx_providers import CPU_PROVIDER, CUDA_PROVIDER, open_session
+    from engines.onnx_providers import CUDA_PROVIDER, choose_providers, open_session
     from engines.qa import QATask
 
     task = QATask.from_dir(folder, input_names=info.input_names)
-    gpu = CUDA_PROVIDER in ort.get_available_providers()
-    providers = [(CUDA_PROVIDER, {"device_id": 0}), CPU_PROVIDER] if gpu else [CPU_PROVIDER]
+    providers = choose_providers("auto", tensorrt=False)  # CUDA where there is one, else CPU
     sessions = [open_session(folder / name, ort.SessionOptions(), providers, "auto")[0]
                 for name in (info.onnx_file, FP16_FILE)]
     agreeing, largest = 0, 0.0

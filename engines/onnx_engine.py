@@ -21,6 +21,7 @@ from engines.onnx_providers import (
     names,
     open_session,
     provider_report,
+    without_tensorrt,
 )
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class OnnxEngine(Engine):
         if tensorrt and TENSORRT_PROVIDER not in self.session.get_providers() \
                 and precision == "fp16":
             self.precision, model_file = model_file_for(info, folder, precision)
-            asked = [p for p in asked if names([p]) != [TENSORRT_PROVIDER]]
+            asked = without_tensorrt(asked)
             self.session, asked = open_session(folder / model_file, options, asked, device)
         return folder / model_file, asked
 

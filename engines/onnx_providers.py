@@ -91,9 +91,14 @@ def open_session(path: Path, options: ort.SessionOptions, asked: list[Provider],
                    and p[0] == CUDA_PROVIDER), None)
     got = session.get_provider_options().get(CUDA_PROVIDER, {}).get("device_id")
     if wanted is not None and got is not None and int(got) != int(wanted):  # type: ignore[arg-type]
-        asked = [p for p in asked if names([p]) != [TENSORRT_PROVIDER]]  # TensorRT failed
+        asked = without_tensorrt(asked)  # TensorRT failed
         session = ort.InferenceSession(str(path), options, providers=asked)
     return session, asked
+
+
+def without_tensorrt(providers: list[Provider]) -> list[Provider]:
+    """``providers`` less TensorRT."""
+    return [p for p in providers if names([p]) != [TENSORRT_PROVIDER]]
 
 
 def names(providers: list[Provider]) -> list[str]:

@@ -27,7 +27,7 @@ UNLIMITED_LENGTH = int(1e30)  # transformers' model_max_length when a folder nam
 # gives each token at least one character of a word (or one [UNK] for the whole word).
 _ASCII_SAFE_NORMALIZERS = frozenset({"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD",
                                      "StripAccents", "Strip"})
-_SPLIT_ONLY_PRE_TOKENIZERS = frozenset({"BertPreTokenizer", "Whitespace", "WhitespaceSplit",
+SPLIT_ONLY_PRE_TOKENIZERS = frozenset({"BertPreTokenizer", "Whitespace", "WhitespaceSplit",
                                         "Punctuation", "Digits"})
 
 
@@ -119,16 +119,17 @@ class QATokenizer:
         tokens (without special tokens), so that such a text's token count needs no encode."""
         spec = json.loads(self.backend.to_str())
         return (spec.get("model", {}).get("type") == "WordPiece"
-                and _all_of(spec.get("normalizer"), "normalizers", _ASCII_SAFE_NORMALIZERS)
-                and _all_of(spec.get("pre_tokenizer"), "pretokenizers", _SPLIT_ONLY_PRE_TOKENIZERS))
+                and made_of(spec.get("normalizer"), "normalizers", _ASCII_SAFE_NORMALIZERS)
+                and made_of(spec.get("pre_tokenizer"), "pretokenizers", SPLIT_ONLY_PRE_TOKENIZERS))
 
 
-def _all_of(component: dict[str, Any] | None, members: str, kinds: frozenset[str]) -> bool:
-    """True if ``component`` is absent, one of ``kinds``, or a Sequence of only those."""
+def made_of(component: dict[str, Any] | None, members: str, kinds: frozenset[str]) -> bool:
+    """True if ``component`` (a tokenizer.json part, whose Sequence lists its parts under
+    ``members``) is absent, one of ``kinds``, or a Sequence of only those."""
     if component is None:
         return True
     if component.get("type") == "Sequence":
-        return all(_all_of(part, members, kinds) for part in component.get(members, []))
+        return all(made_of(part, members, kinds) for part in component.get(members, []))
     return component.get("type") in kinds
 
 

@@ -23,16 +23,11 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from engines.qa_features import ContextSpans, QAFeatures, assemble
-from engines.qa_tokenizer import QATokenizer
+from engines.qa_tokenizer import SPLIT_ONLY_PRE_TOKENIZERS, QATokenizer, made_of
 from protocol.errors import BadRequest
 
 # Normalizers that, on ASCII text without control characters, do at most lower-case it.
 _ASCII_NOOP_NORMALIZERS = frozenset({"NFC", "NFD", "NFKC", "NFKD", "StripAccents"})
-# Pre-tokenizers under which a tab, newline or carriage return acts as the space the normalizer
-# would make of it: they split there, or leave it inside a word that WordPiece cannot match
-# either way ([UNK] for the whole word, with the same offsets).
-_WHITESPACE_BLIND = frozenset({"BertPreTokenizer", "Whitespace", "WhitespaceSplit",
-                               "Punctuation", "Digits"})
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # dropped by BERT's clean_text
 
 
@@ -62,7 +57,10 @@ class ContextWindows:
         lower = _normalizer_lowers(spec.get("normalizer"))
         if (lower is None or tokenizer.truncation_side != "right"
                 or spec.get("model", {}).get("type") != "WordPiece"
-                or not _only(spec.get("pre_tokenizer"), "pretokenizers", _WHITESPACE_BLIND)):
+                or spec.get("pre_tokenizer") is None
+                # these split at a tab, newline or carriage return as at the space the normalizer
+                # would make of it, or leave it inside a word WordPiece cannot match either way
+                or not made_of(spec["pre_tokenizer"], "pretokenizers", SPLIT_ONLY_PRE_TOKENIZERS)):
             return None
         spec["normalizer"] = None
         backend = Tokenizer.from_str(json.dumps(spec))
@@ -181,15 +179,6 @@ def _normalizer_lowers(normalizer: dict[str, Any] | None) -> bool | None:
         parts = [_normalizer_lowers(part) for part in normalizer.get("normalizers", [])]
         return None if None in parts else any(parts)
     return None
-
-
-def _only(component: dict[str, Any] | None, members: str, kinds: frozenset[str]) -> bool:
-    """True if ``component`` is one of ``kinds``, or a Sequence of only those."""
-    if component is None:
-        return False
-    if component.get("type") == "Sequence":
-        return all(_only(part, members, kinds) for part in component.get(members, []))
-    return component.get("type") in kinds
 
 
 def _pair_template(full: Tokenizer, plain: Tokenizer) -> tuple[tuple[list[int], list[int],
