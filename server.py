@@ -34,6 +34,7 @@ from telemetry.stats import ServerStats
 from transport import BindError, Connection, Listener, bind_socket, refuse
 from transport.closing import DELIVERY_POLL_S
 from transport.listener import publish_address
+from workers.backend import Backend
 from workers.figures import summarize_worker
 from workers.local import LocalBackend
 from workers.processes import ProcessBackend
@@ -64,7 +65,7 @@ class InferenceServer:
         self.stats = ServerStats()
         self.metrics_address: tuple[str, int] | None = None
         self._metrics_httpd: Any = None
-        self.backend: LocalBackend | ProcessBackend | None = None
+        self.backend: Backend | None = None
         self.connections: set[Connection] = set()
         self._lock = threading.Lock()
         self._listener: Listener | None = None
@@ -111,13 +112,21 @@ class InferenceServer:
         if cfg.inference_engine_type == "zero":  # whatever the folder holds, nothing runs it
             self.info = replace(self.info, meaningful=False, warning=ZERO_ENGINE_WARNING)
         check_cuda_devices(cfg.inference_engine_type, cfg.gpu_indices())
-        where = f"{cfg.workers} worker processes of " if cfg.workers > 1 else ""
-        log.info("loading %s into %s%d %s sessions (address %s:%d bound; accepting once loaded)",
-                 self.info.model_name, where, cfg.num_inference_sessions,
-                 cfg.inference_engine_type, *self.address)
+        if cfg.broker is not None:
+            log.info("front end for %s: tokenizing here, the model runs in the workers of the "
+                     "broker (address %s:%d bound)", self.info.model_name, *self.address)
+        else:
+            where = f"{cfg.workers} worker processes of " if cfg.workers > 1 else ""
+            log.info("loading %s into %s%d %s sessions (address %s:%d bound; accepting once "
+                     "loaded)", self.info.model_name, where, cfg.num_inference_sessions,
+                     cfg.inference_engine_type, *self.address)
         if not self.info.meaningful:
             log.warning("%s", self.info.warning)
-        if cfg.workers > 1:
+        if cfg.broker is not None:
+            from broker.frontend import RedisBackend  # imports redis only when asked for
+
+            self.backend = RedisBackend(cfg, self.info, self.stats)
+        elif cfg.workers > 1:
             if self.engine_factory is not None:
                 raise ValueError("engine_factory serves in this process: use workers=1")
             self.backend = ProcessBackend(cfg, self.info, self.stats,
@@ -255,6 +264,10 @@ class InferenceServer:
         result["queue_depth"] = self.backend.queue_depth if self.backend is not None else 0
         result["ready"] = self.ready
         result["config"] = {k: v for k, v in asdict(self.config).items() if v is not None}
+        if self.config.broker is not None:
+            from broker.connect import redact
+
+            result["config"]["broker"] = redact(self.config.broker)  # no password in stats
         if self.info is not None:
             result["model"] = {"name": self.info.model_name, "source": self.info.source,
                                "meaningful": self.info.meaningful}
@@ -268,6 +281,8 @@ class InferenceServer:
                               "cost_model_ms": described.get("cost_model_ms", {})}
         if "engine" in described:
             result["engine"] = described["engine"]
+        if "broker" in described:
+            result["broker"] = described["broker"]
         result["workers"] = [summarize_worker(worker) for worker in figures]
         return result, merged
 
@@ -360,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    if config.role == "worker":
+        return _run_worker(config, stop)
     server = InferenceServer(config)
     try:
         server.start()
@@ -369,6 +386,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stop.wait()
     return 0 if server.shutdown() else 1
+
+
+def _run_worker(config: ServerConfig, stop: threading.Event) -> int:
+    """``--role worker``: run the model for the front ends of ``--broker`` until stopped."""
+    from broker.worker import run_worker
+
+    try:
+        info = load_model_info(config.model_dir)
+    except Exception as exc:  # noqa: BLE001 - a missing model is exit status 2, logged
+        log.error("cannot start: %s", exc)
+        return 2
+    return run_worker(config, info, stop)
 
 
 if __name__ == "__main__":

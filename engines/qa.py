@@ -27,6 +27,7 @@ from engines.qa_answers import best_answer
 from engines.qa_features import QAFeatures, build_features
 from engines.qa_tokenizer import QATokenizer
 from engines.qa_windows import ContextWindows, check_question_room
+from engines.rows import split_rows, stack_rows
 from protocol.errors import BadRequest
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ class QATask:
         self.input_names: tuple[str, ...] = tuple(input_names)
         self._specials = tokenizer.pair_specials
         self._check_config()
-        self.buckets = _buckets(length_buckets, config.max_seq_len)
+        self.buckets = padded_lengths(length_buckets, config.max_seq_len)
         self._plain = tokenizer.copy()
         self._windows = tokenizer.copy(config.max_seq_len, config.doc_stride)
         self._fast = (ContextWindows.build(tokenizer, config.max_seq_len, config.doc_stride)
@@ -172,33 +173,17 @@ class QATask:
         """
         if not batch:
             raise ValueError("cannot collate an empty batch")
-        shape = (sum(f.rows for f in batch), self.padded_length(max(f.max_len for f in batch)))
-        ids = np.full(shape, self.tokenizer.pad_id, dtype=np.int64)
-        mask, types = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
-        row = 0
-        for features in batch:
-            end, n = row + features.rows, features.max_len
-            ids[row:end, :n] = features.input_ids
-            types[row:end, :n] = features.token_type_ids
-            mask[row:end, :n] = np.arange(n) < features.lengths[:, None]
-            row = end
-        arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-        return {name: arrays[name] for name in self.input_names}
+        return stack_rows(batch, self.input_names, self.tokenizer.pad_id,
+                          self.padded_length(max(f.max_len for f in batch)))
 
     def split_outputs(self, batch: Sequence[QAFeatures],
-                      outputs: Mapping[str, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+                      outputs: Mapping[str, np.ndarray]) -> list[tuple[np.ndarray, ...]]:
         """Cut a batch's ``start_logits`` and ``end_logits`` back into one pair per request.
 
         Raises:
             ValueError: An output is missing or does not have one row per window.
         """
-        total = sum(features.rows for features in batch)
-        start, end = (np.asarray(outputs.get(name)) for name in ("start_logits", "end_logits"))
-        for name, value in (("start_logits", start), ("end_logits", end)):
-            if value.ndim != 2 or value.shape[0] != total:
-                raise ValueError(f"{name} must have shape [{total}, L], got {value.shape}")
-        bounds = np.cumsum([0, *(features.rows for features in batch)]).tolist()
-        return [(start[a:b], end[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        return split_rows([features.rows for features in batch], outputs)
 
     def answer_batch(self, batch: Sequence[QAFeatures],
                      outputs: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
@@ -229,7 +214,7 @@ class QATask:
                            impossible=config.handle_impossible_answer)
 
 
-def _buckets(lengths: Sequence[int], max_seq_len: int) -> tuple[int, ...]:
+def padded_lengths(lengths: Sequence[int], max_seq_len: int) -> tuple[int, ...]:
     """Bucket lengths, ascending, ending with ``max_seq_len``; empty when none are asked for.
 
     Raises:

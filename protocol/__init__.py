@@ -24,6 +24,7 @@ from protocol.errors import (
     ShuttingDown,
     TooManyConnections,
     UnknownServerError,
+    Unavailable,
     WorkerLost,
     error_for_code,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "ShuttingDown",
     "TooManyConnections",
     "UnknownServerError",
+    "Unavailable",
     "WorkerLost",
     "error_for_code",
     # codec

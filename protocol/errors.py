@@ -68,6 +68,14 @@ class WorkerLost(ServerError):
     code = "worker_lost"
 
 
+class Unavailable(ServerError):
+    """The broker (Redis) cannot be reached, or no worker is serving: the request was refused
+    at once, or its outcome is unknown (it may have run); safe to send again once the server
+    says it is ready."""
+
+    code = "unavailable"
+
+
 class ShuttingDown(ServerError):
     """The server is draining and admits no new work."""
 
@@ -117,7 +125,7 @@ class UnknownServerError(ServerError):
 ERRORS_BY_CODE: dict[str, type[ServerError]] = {
     cls.code: cls
     for cls in (BadRequest, ProtocolError, FrameTooLarge, InternalError, EngineError, WorkerLost,
-                ShuttingDown, Overloaded, DeadlineExceeded, TooManyConnections, IdleTimeout, FrameTimeout)
+                Unavailable, ShuttingDown, Overloaded, DeadlineExceeded, TooManyConnections, IdleTimeout, FrameTimeout)
 }
 
 

@@ -37,6 +37,15 @@ class ServerConfig:
                           "from its queue, docs/architecture.md)")
     cuda_devices: str | None = option(None, "GPUs for the workers, e.g. 0,1: worker i runs on "
                                       "cuda:<the (i mod count)-th of them> (overrides --device)")
+    broker: str | None = option(None, "redis://[:PASSWORD@]HOST:PORT/DB (rediss:// for TLS): "
+                                "this process is a front end that puts work on Redis for "
+                                "--role worker processes anywhere (docs/scaling.md)")
+    role: str = option("server", "server: listen for clients (a front end with --broker); "
+                       "worker: no listener, run the model for front ends, pulling work from "
+                       "--broker", choices=("server", "worker"))
+    broker_prefix: str = option("qa", "prefix of every Redis key of this deployment")
+    claim_idle_ms: float = option(15000.0, "a worker claims work another worker took and left "
+                                  "unanswered this long (it died): the visibility timeout")
     inference_engine_type: str = option("onnx", "engine backend (zero: no model, random "
                                         "answers; for front-end benchmarks only)",
                                         choices=ENGINE_TYPES)
@@ -150,8 +159,9 @@ class ServerConfig:
         """What is wrong with these settings (empty when they can serve)."""
         at_least_one = ("num_inference_sessions", "workers", "max_batch_size", "batch_lookahead",
                         "max_queue", "max_connections", "max_frame_size")
-        never_negative = ("threads_per_session", "max_batch_tokens", "max_queue_delay_ms",
-                          "request_timeout_ms", "idle_timeout_s", "frame_timeout_s",
+        never_negative = ("claim_idle_ms", "threads_per_session", "max_batch_tokens",
+                          "max_queue_delay_ms", "request_timeout_ms", "idle_timeout_s",
+                          "frame_timeout_s",
                           "max_question_chars", "max_context_chars", "shutdown_timeout_s")
         flags = {f.name: f.metadata["flag"] or f"--{f.name}" for f in fields(self)}
         return ([f"{flags[name]} must be at least 1" for name in at_least_one
@@ -160,7 +170,7 @@ class ServerConfig:
                    if getattr(self, name) < 0]
                 + ([] if self.send_timeout_s >= 0.001 else ["--send_timeout must be at least "
                                                               "0.001 (0 would mean never)"])
-                + self._device_problems())
+                + self._device_problems() + self._broker_problems())
 
     def _device_problems(self) -> list[str]:
         problems = []
@@ -171,6 +181,17 @@ class ServerConfig:
                 problems.append(str(exc))
         if not problems and any(n > self.max_seq_len for n in self.bucket_lengths()):
             problems.append(f"--length_buckets must not exceed --max_seq_len {self.max_seq_len}")
+        return problems
+
+    def _broker_problems(self) -> list[str]:
+        if self.broker is None:
+            return ["--role worker needs --broker"] if self.role == "worker" else []
+        from broker.connect import check_url  # imports redis: only when a broker is asked for
+
+        problems = [problem] if (problem := check_url(self.broker)) else []
+        if self.workers > 1:
+            problems.append("--workers applies without --broker; with one, start more "
+                            "--role worker processes instead")
         return problems
 
     def limits(self) -> FieldLimits:

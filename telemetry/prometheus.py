@@ -75,6 +75,8 @@ class ServerCollector(Collector):
         yield _time_histogram("request_duration_seconds", "Time from admission until the reply "
                               "was written", stats.request_time)
         yield from _worker_families(snap.get("workers", []))
+        if "broker" in snap:
+            yield from _broker_families(snap["broker"])
         yield from self.gpus.collect()
 
 
@@ -110,6 +112,26 @@ def _worker_families(workers: list[dict[str, Any]]) -> Iterator[Metric]:
         device_batches.add_metric([device], n)
         device_busy.add_metric([device], seconds)
     yield from (up, held, restarts, batches, busy, device_batches, device_busy)
+
+
+def _broker_families(broker: dict[str, Any]) -> Iterator[Metric]:
+    """The broker as a front end sees it (``--broker``): docs/metrics.md."""
+    yield _gauge("broker_up", "1 while this front end reaches Redis", int(broker["up"]))
+    yield _gauge("broker_stream_length", "Entries in the work stream: waiting, or taken by a "
+                 "worker and not yet answered", broker["stream_length"])
+    yield _gauge("broker_pending_entries", "Work entries taken by a worker and not yet "
+                 "acknowledged", broker["pending"])
+    yield _gauge("broker_serving_workers", "Workers whose heartbeat says they take work",
+                 broker["serving_workers"])
+    for name, doc in (("claims", "Work entries claimed from a worker that left them "
+                       "unanswered (summed over the live workers)"),
+                      ("redeliveries", "Claimed work entries run again (live workers)"),
+                      ("duplicate_replies", "Replies for requests this front end had already "
+                       "answered (dropped)"),
+                      ("unavailable", "Requests in flight answered 'unavailable' because Redis "
+                       "was lost"),
+                      ("reconnects", "Times this front end reconnected to Redis")):
+        yield CounterMetricFamily(f"{PREFIX}_broker_{name}", doc, value=broker[name])
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -17,7 +17,7 @@ from engines.cost_model import CostModel
 from engines.model_dir import ModelInfo
 from engines.pool import SessionPool
 from engines.qa import QAConfig, QATask
-from engines.session import InferenceSession
+from engines.session import BatchTask, InferenceSession
 from protocol.errors import ShuttingDown
 from settings.server_config import ServerConfig
 from telemetry.stats import ServerStats
@@ -53,6 +53,42 @@ def prime_shapes(buckets: tuple[int, ...], max_batch_tokens: int) -> list[tuple[
     return shapes
 
 
+def default_engine_factory(config: ServerConfig, device: str,
+                           queue: WorkQueue) -> Callable[[], Engine]:
+    """Builds one session's engine as the settings say (threads, precision, device)."""
+    return partial(load_engine, config.inference_engine_type, config.model_dir, device=device,
+                   threads=config.engine_threads(), lone_threads=config.lone_threads(),
+                   crowded=queue.crowded, precision=config.precision)
+
+
+def start_sessions(config: ServerConfig, factory: Callable[[], Engine], task: BatchTask,
+                   queue: WorkQueue, policy: BatchPolicy, stats: ServerStats,
+                   buckets: tuple[int, ...], longest: int) -> SessionPool:
+    """Start ``--num_inference_sessions`` sessions on ``queue`` and return once every one has
+    loaded, primed and (the first) timed its engine for the cost model.
+
+    Raises:
+        RuntimeError: a session could not load its engine.
+    """
+    # two lengths, a short one and the longest: the cost model scales between them, and
+    # start-up stays short (each length times doubling row counts while batching pays);
+    # with length buckets, every bucket: the only lengths batches will have
+    warmup = list(buckets) or sorted({n for n in (64,) if n < longest} | {longest})
+
+    def make(index: int, initial: bool) -> InferenceSession:
+        # One session times the warm-up shapes for the shared cost model (sessions warming
+        # at once would time each other's contention); every session primes its engine.
+        timed = config.batching == "auto" and index == 0 and initial
+        return InferenceSession(index, factory, task, queue, policy, stats,
+                                warmup=warmup if timed else (),
+                                prime=prime_shapes(buckets, config.max_batch_tokens))
+
+    pool = SessionPool(config.num_inference_sessions, make,
+                       on_restart=lambda: stats.count_event("session_restart"))
+    pool.start()
+    return pool
+
+
 class LocalBackend:
     """Tokenizes requests as they are submitted and runs them on ``num_inference_sessions``
     threads, each with its own engine.
@@ -73,10 +109,8 @@ class LocalBackend:
         self.stats = stats
         self.device = device or config.device
         self.queue = WorkQueue(config.max_queue)
-        self.engine_factory = engine_factory or partial(
-            load_engine, config.inference_engine_type, config.model_dir, device=self.device,
-            threads=config.engine_threads(), lone_threads=config.lone_threads(),
-            crowded=self.queue.crowded, precision=config.precision)
+        self.engine_factory = engine_factory or default_engine_factory(
+            config, self.device, self.queue)
         self.policy = batch_policy(config)
         self.task: QATask | None = None
         self.pool: SessionPool | None = None
@@ -95,25 +129,10 @@ class LocalBackend:
         self._reaper.start()
 
     def _start_sessions(self, task: QATask) -> None:
-        cfg = self.config
-        longest = task.config.max_seq_len
-        # two lengths, a short one and the longest: the cost model scales between them, and
-        # start-up stays short (each length times doubling row counts while batching pays);
-        # with length buckets, every bucket: the only lengths batches will have
-        warmup = list(task.buckets) or sorted({n for n in (64,) if n < longest} | {longest})
-
-        def make(index: int, initial: bool) -> InferenceSession:
-            # One session times the warm-up shapes for the shared cost model (sessions warming
-            # at once would time each other's contention); every session primes its engine.
-            timed = cfg.batching == "auto" and index == 0 and initial
-            return InferenceSession(index, self.engine_factory, task, self.queue, self.policy,
-                                    self.stats, warmup=warmup if timed else (),
-                                    prime=prime_shapes(task.buckets, cfg.max_batch_tokens))
-
-        self.pool = SessionPool(cfg.num_inference_sessions, make,
-                                on_restart=lambda: self.stats.count_event("session_restart"))
         try:
-            self.pool.start()
+            self.pool = start_sessions(self.config, self.engine_factory, task, self.queue,
+                                       self.policy, self.stats, task.buckets,
+                                       task.config.max_seq_len)
         except RuntimeError:
             self.queue.close()
             raise

@@ -1,0 +1,407 @@
+"""``--broker redis://...``: a front end whose work goes to Redis, for workers anywhere.
+
+The front end frames, validates and tokenizes requests as the in-process server does, then
+puts one entry per request on the work stream (broker/wire.py): the requests of one read of a
+connection go in one round trip, through a script that adds them only while the stream holds
+fewer than ``--max_queue`` entries (beyond it, ``overloaded`` at once). Workers (broker/
+worker.py) read the stream in one consumer group, batch, run the engine and put each request's
+logits on this front end's own reply stream. One thread reads that stream, turns logits into
+answers and replies to clients; a request is answered once, whatever comes back twice.
+
+Redis unreachable: requests are refused with ``unavailable`` at once, the requests in flight
+are answered ``unavailable`` (they may have run; safe to resend), ``ready`` is false, ``ping``
+and ``stats`` still answer, and the reply thread reconnects with a growing back-off.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from broker.connect import BLOCK_S, BROKER_ERRORS, Keys, connect, ensure_group, redact
+from broker.expiry import ExpiryClock
+from broker.monitor import BrokerMonitor
+from broker.wire import FIELD, Reply, decode_reply, encode_work
+from engines.batching import Responder, WorkItem
+from engines.model_dir import ModelInfo
+from engines.pool import BACKOFF_S
+from engines.qa import QATask
+from protocol.errors import (
+    DeadlineExceeded,
+    InternalError,
+    Overloaded,
+    ServerError,
+    ShuttingDown,
+    Unavailable,
+    error_for_code,
+)
+from settings.server_config import ServerConfig
+from telemetry.stats import ServerStats
+from transport.coalesce import coalesced_sends
+from workers.local import qa_config
+
+log = logging.getLogger(__name__)
+
+#: Adds each request (ARGV[2..]) to the work stream (KEYS[1]) while it holds fewer than ARGV[1]
+#: entries; returns each one's entry id, or 0 where it was refused.
+ADMIT = """
+local room = tonumber(ARGV[1]) - redis.call('XLEN', KEYS[1])
+local ids = {}
+for i = 2, #ARGV do
+  if room > 0 then
+    ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'm', ARGV[i])
+    room = room - 1
+  else
+    ids[#ids + 1] = 0
+  end
+end
+return ids
+"""
+#: A front end's reply stream expires this long after its last renewal (it renews each second).
+REPLY_TTL_MS = 30_000
+#: Most replies read at once.
+READ_COUNT = 512
+
+
+@dataclass(eq=False, slots=True)
+class InFlight:
+    """A request on its way through Redis."""
+
+    number: int
+    item: WorkItem
+    entry: bytes | None = None  # its work entry's id, once added
+
+
+class RedisBackend:
+    """The front end of a brokered deployment (workers/backend.py: Backend).
+
+    Args:
+        config: Serving settings (``broker``, ``broker_prefix``, ``max_queue``, windowing).
+        info: The prepared model's metadata (the front end needs its tokenizer only).
+        stats: This front end's statistics.
+    """
+
+    def __init__(self, config: ServerConfig, info: ModelInfo, stats: ServerStats) -> None:
+        assert config.broker is not None
+        self.config, self.info, self.stats = config, info, stats
+        self.url = config.broker
+        self.keys = Keys(config.broker_prefix)
+        self.name = uuid.uuid4().hex[:12]
+        self.reply_key = self.keys.replies(self.name)
+        self.client = connect(self.url)
+        self._reader = connect(self.url, block_s=BLOCK_S)
+        self._admit = self.client.register_script(ADMIT)
+        self.task: QATask | None = None
+        self._numbers = itertools.count()
+        self._lock = threading.Condition()
+        self._in_flight: dict[int, InFlight] = {}
+        self._staged = threading.local()
+        self._up = False
+        self._stopping = False
+        self._last_id = b"0-0"
+        self.counts = {"duplicate_replies": 0, "unavailable": 0, "reconnects": 0}
+        self.monitor = BrokerMonitor(self.client, self.keys, self.reply_key, REPLY_TTL_MS,
+                                     self._lost, lambda: self._up)
+        self._clock = ExpiryClock(self._expire)
+        self._thread = threading.Thread(target=self._read_replies, name="broker-replies",
+                                        daemon=True)
+
+    # -- start ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Load the tokenizer and connect; an unreachable Redis is waited for in the background.
+
+        Raises:
+            RuntimeError: Redis refused us (wrong password, not a Redis, no such database).
+        """
+        self.task = QATask.from_dir(self.config.model_dir, qa_config(self.config, self.info),
+                                    input_names=self.info.input_names,
+                                    length_buckets=self.config.bucket_lengths())
+        try:
+            self._connect()
+        except redis.AuthenticationError as exc:  # a ConnectionError to redis-py; not to us
+            raise RuntimeError(f"broker {redact(self.url)} refused us: {exc}") from exc
+        except BROKER_ERRORS as exc:
+            log.warning("broker %s unreachable (%s); not ready until it is", redact(self.url), exc)
+        except redis.RedisError as exc:
+            raise RuntimeError(f"broker {redact(self.url)} refused us: {exc}") from exc
+        self.monitor.start()
+        self._clock.start()
+        self._thread.start()
+
+    def _connect(self) -> None:
+        """Make sure the work stream, its group and our reply stream exist; then we are up."""
+        ensure_group(self.client, self.keys)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xadd(self.reply_key, {FIELD: b""}, maxlen=1)  # creates it; workers never do
+        pipe.pexpire(self.reply_key, REPLY_TTL_MS)
+        pipe.execute()
+        self._up = True
+        self.monitor.look()
+        log.info("broker %s: work on %s, replies on %s", redact(self.url), self.keys.work,
+                 self.reply_key)
+
+    # -- the way in ----------------------------------------------------------------------------
+    def submit(self, question: str, context: str, respond: Responder, alive: Callable[[], bool],
+               enqueued_at: float, deadline: float | None) -> None:
+        """Tokenize one request and stage it; ``flush`` sends what a read staged.
+
+        Raises:
+            ShuttingDown: stopping.
+            Unavailable: Redis unreachable, or no worker serving.
+            BadRequest: text the model cannot take.
+        """
+        if self._stopping or self.task is None:
+            raise ShuttingDown("server is shutting down; request not admitted")
+        if not self._up:
+            raise Unavailable("the broker cannot be reached; retry once the server is ready")
+        if not self.monitor.serving_workers:
+            raise Unavailable("no worker is serving; retry once the server is ready")
+        task = self.task
+        features = task.preprocess(question, context)
+        length = task.padded_length(features.max_len)
+        item = WorkItem(features=features, respond=respond, alive=alive, rows=features.rows,
+                        length=length, enqueued_at=enqueued_at, deadline=deadline)
+        number = next(self._numbers)
+        payload = encode_work(self.reply_key, number, features, task.tokenizer.pad_id, length,
+                              enqueued_at, deadline)
+        if not hasattr(self._staged, "items"):
+            self._staged.items = []
+        self._staged.items.append((InFlight(number, item), payload))
+
+    def flush(self) -> None:
+        """Add what this thread staged to the work stream, in one round trip."""
+        staged: list[tuple[InFlight, bytes]] = getattr(self._staged, "items", None) or []
+        if not staged:
+            return
+        self._staged.items = []
+        with self._lock:
+            for record, _ in staged:
+                self._in_flight[record.number] = record
+        for record, _ in staged:
+            if record.item.deadline is not None:
+                self._clock.add(record.item.deadline, record.number)
+        try:
+            ids = self._admit(keys=[self.keys.work],
+                              args=[self.config.max_queue, *(p for _, p in staged)])
+        except BROKER_ERRORS as exc:
+            self._lost(f"{type(exc).__name__}: {exc}")  # answers these with the rest
+            return
+        except redis.RedisError as exc:
+            log.error("the broker refused work entries: %s", exc)
+            self._fail([r.number for r, _ in staged],
+                       InternalError(f"the broker refused: {exc}"))
+            return
+        self._admitted([record for record, _ in staged], ids)
+
+    def _admitted(self, staged: list[InFlight], ids: list[Any]) -> None:
+        refused = []
+        with self._lock:
+            for record, entry in zip(staged, ids):
+                if entry:
+                    record.entry = entry
+                else:
+                    refused.append(record.number)
+        if refused:
+            self._fail(refused, _overloaded(self.config.max_queue))
+
+    # -- the way back --------------------------------------------------------------------------
+    def _read_replies(self) -> None:
+        """Read this front end's reply stream until stopped; reconnect while Redis is away."""
+        failures = 0
+        while not self._stopping:
+            if not self._up:
+                time.sleep(BACKOFF_S[min(failures, len(BACKOFF_S) - 1)] or 0.1)
+                failures = self._reconnect(failures)
+                continue
+            try:
+                read = self._reader.xread({self.reply_key: self._last_id}, count=READ_COUNT,
+                                          block=int(BLOCK_S * 1000))
+                if read:
+                    self._take(read[0][1])
+            except BROKER_ERRORS as exc:
+                self._lost(f"{type(exc).__name__}: {exc}")
+            except redis.RedisError as exc:  # our stream vanished (Redis lost its data)
+                self._lost(f"{type(exc).__name__}: {exc}")
+
+    def _reconnect(self, failures: int) -> int:
+        try:
+            self._connect()
+        except redis.RedisError as exc:
+            log.debug("broker still unreachable: %s", exc)
+            return failures + 1
+        self.counts["reconnects"] += 1
+        self.stats.count_event("broker_reconnect")
+        log.warning("broker %s reachable again; serving", redact(self.url))
+        return 0
+
+    def _take(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        """Answer the requests whose replies are in ``entries``, then delete the entries."""
+        self._last_id = entries[-1][0]
+        answers: list[tuple[InFlight, Reply]] = []
+        with self._lock:
+            for _, fields in entries:
+                payload = fields.get(FIELD, b"")
+                try:
+                    reply = decode_reply(payload) if payload else None
+                except ValueError as exc:
+                    log.error("unreadable reply entry: %s", exc)
+                    continue
+                if reply is None:
+                    continue
+                record = self._in_flight.pop(reply.number, None)
+                if record is None:  # answered already: delivered twice, or given up on
+                    self.counts["duplicate_replies"] += 1
+                else:
+                    answers.append((record, reply))
+            self._lock.notify_all()
+        self._reader.xdel(self.reply_key, *(entry_id for entry_id, _ in entries))
+        with coalesced_sends():  # one write per connection for the whole read
+            for record, reply in answers:
+                self._answer(record.item, reply)
+
+    def _answer(self, item: WorkItem, reply: Reply) -> None:
+        if reply.code is not None:
+            item.answer(None, error_for_code(reply.code, reply.message))
+            return
+        assert self.task is not None
+        try:
+            start, end = reply.logits(item.features.rows)
+            result = self.task.postprocess(item.features, start, end)
+        except Exception as exc:  # noqa: BLE001 - one bad answer fails alone
+            log.exception("postprocessing a worker's reply failed")
+            item.answer(None, InternalError(f"postprocessing failed: {type(exc).__name__}"))
+            return
+        item.answer(result, None)
+
+    # -- failures ------------------------------------------------------------------------------
+    def _lost(self, reason: str) -> None:
+        """Redis cannot be reached: answer everything in flight ``unavailable``; reconnect."""
+        with self._lock:
+            if not self._up and not self._in_flight:
+                return
+            was_up, self._up = self._up, False
+            numbers = list(self._in_flight)
+        if was_up:
+            self.stats.count_event("broker_lost")
+            log.error("lost the broker %s (%s); %d requests in flight answered 'unavailable'",
+                      redact(self.url), reason, len(numbers))
+        self._fail(numbers, Unavailable("lost the connection to the broker; the request may or "
+                                        "may not have run; safe to send again"))
+
+    def _fail(self, numbers: list[int], error: ServerError) -> None:
+        with self._lock:
+            records = [r for n in numbers if (r := self._in_flight.pop(n, None)) is not None]
+            self._lock.notify_all()
+        if isinstance(error, Unavailable):
+            self.counts["unavailable"] += len(records)
+        for record in records:
+            record.item.answer(None, error)
+
+    def _expire(self, number: int) -> None:
+        """A request's deadline passed (the clock's thread): unless answered, answer it now."""
+        with self._lock:
+            record = self._in_flight.get(number)
+        if record is None:
+            return
+        waited = 1000 * (time.monotonic() - record.item.enqueued_at)
+        self._fail([record.number], DeadlineExceeded(
+            f"deadline passed after {waited:.0f} ms before a worker answered"))
+
+    # -- what the server asks ------------------------------------------------------------------
+    def purge(self, drop: Callable[[WorkItem], bool]) -> list[WorkItem]:
+        """Forget in-flight requests for which ``drop`` is true (their client left) and delete
+        their work entries, so that no worker runs what a worker has not taken yet."""
+        with self._lock:
+            gone = [r for r in self._in_flight.values() if drop(r.item)]
+            for record in gone:
+                del self._in_flight[record.number]
+            self._lock.notify_all()
+        entries = [r.entry for r in gone if r.entry is not None]
+        if entries and self._up:
+            try:
+                self.client.xdel(self.keys.work, *entries)
+            except redis.RedisError:
+                pass  # a worker runs them; their replies are dropped
+        return [record.item for record in gone]
+
+    @property
+    def ready(self) -> bool:
+        """Redis reachable and at least one worker serving."""
+        return self._up and not self._stopping and self.monitor.serving_workers > 0
+
+    @property
+    def queue_depth(self) -> int:
+        """Entries in the work stream at the last look: waiting, or taken and not answered."""
+        return self.monitor.stream_length
+
+    def describe(self) -> dict[str, Any]:
+        """A serving worker's engine and batching figures, and the broker's."""
+        workers = self.monitor.workers
+        out = dict(next((w.get("describe", {}) for w in workers if w.get("describe")), {}))
+        out["broker"] = self.broker_figures()
+        return out
+
+    def broker_figures(self) -> dict[str, Any]:
+        """The broker as this front end saw it at the last look, plus its own counts."""
+        workers = self.monitor.workers
+        return {"url": redact(self.url), "up": self._up, "front_end": self.name,
+                "stream": self.keys.work, "stream_length": self.monitor.stream_length,
+                "pending": self.monitor.pending, "workers": len(workers),
+                "serving_workers": self.monitor.serving_workers,
+                "claims": sum(w.get("claims", 0) for w in workers),
+                "redeliveries": sum(w.get("redeliveries", 0) for w in workers),
+                "in_flight": len(self._in_flight), **self.counts}
+
+    def worker_figures(self) -> list[dict[str, Any]]:
+        """Each live worker's heartbeat, in the shape the ``stats`` op lists workers."""
+        return [{"worker": w.get("worker"), "pid": w.get("pid"), "device": w.get("device"),
+                 "state": w.get("state"), "in_flight": w.get("in_flight", 0),
+                 "restarts": w.get("restarts", 0), "figures": w.get("figures"),
+                 "known_figures": w.get("figures")} for w in self.monitor.workers]
+
+    def summed(self, stats: ServerStats, figures: list[dict[str, Any]]) -> ServerStats:
+        """This front end's ``stats`` plus every live worker's batch figures (those count the
+        work of every front end the workers serve)."""
+        merged = stats.copy()
+        known = [w["known_figures"] for w in figures if w["known_figures"]]
+        for source in known:
+            merged.absorb(source, share=1 / len(known))
+        return merged
+
+    # -- stop ----------------------------------------------------------------------------------
+    def stop(self, timeout: float) -> bool:
+        """Refuse new work, wait for the replies of what is in flight, then stop reading.
+
+        Returns:
+            True if every request in flight was answered within ``timeout``.
+        """
+        until = time.monotonic() + timeout
+        self._stopping = True
+        with self._lock:
+            drained = self._lock.wait_for(lambda: not self._in_flight or not self._up,
+                                          max(0.0, until - time.monotonic()))
+            numbers = list(self._in_flight)
+        self._fail(numbers, ShuttingDown("server stopped before this request was answered")
+                   if self._up else Unavailable("the broker cannot be reached"))
+        drained = drained and not numbers
+        self.monitor.stop()
+        self._clock.stop()
+        if self._thread.ident is not None:  # started
+            self._thread.join(BLOCK_S + 3)
+        try:
+            self.client.delete(self.reply_key)
+        except redis.RedisError:
+            pass  # it expires by itself
+        return drained
+
+
+def _overloaded(limit: int) -> ServerError:
+    return Overloaded(f"the work stream holds {limit} requests (--max_queue); retry later")

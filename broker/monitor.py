@@ -1,0 +1,101 @@
+"""What a front end knows of the broker and the workers, refreshed once a second.
+
+Requests never wait for these figures: ``stats`` and ``ping`` read the last ones, so they
+answer at once even while Redis is unreachable. Workers announce themselves in a set and keep
+a heartbeat key alive (broker/worker.py); a worker whose key has expired is dropped from the set.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from broker.connect import BROKER_ERRORS, GROUP, Keys
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two looks.
+INTERVAL_S = 1.0
+
+
+class BrokerMonitor(threading.Thread):
+    """Keeps the front end's reply stream alive and reads the broker's and workers' figures.
+
+    Args:
+        client: A Redis client (non-blocking calls only).
+        keys: The deployment's keys.
+        reply_key: This front end's reply stream, whose expiry is renewed at each look.
+        reply_ttl_ms: The expiry given to it (a front end that dies leaves nothing for long).
+        on_lost: Called with the reason when Redis cannot be reached.
+        is_up: Whether the front end believes Redis reachable (no look is made otherwise).
+    """
+
+    def __init__(self, client: redis.Redis, keys: Keys, reply_key: str, reply_ttl_ms: int,
+                 on_lost: Callable[[str], None], is_up: Callable[[], bool]) -> None:
+        super().__init__(name="broker-monitor", daemon=True)
+        self.client, self.keys, self.reply_key = client, keys, reply_key
+        self.reply_ttl_ms = reply_ttl_ms
+        self.on_lost, self.is_up = on_lost, is_up
+        self.stream_length = 0
+        self.pending = 0
+        self.workers: list[dict[str, Any]] = []  # live workers' heartbeats, newest look
+        self.looked = threading.Event()  # set after each look (tests and start-up wait on it)
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        """Look once a second until stopped."""
+        while not self._stop.is_set():
+            if self.is_up():
+                self.look()
+            self._stop.wait(INTERVAL_S)
+
+    def look(self) -> None:
+        """Renew the reply stream's expiry and read the figures now."""
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.pexpire(self.reply_key, self.reply_ttl_ms)
+            pipe.xlen(self.keys.work)
+            pipe.xpending(self.keys.work, GROUP)
+            pipe.smembers(self.keys.workers)
+            _, length, pending, names = pipe.execute(raise_on_error=False)
+            names = sorted(n.decode() for n in names) if isinstance(names, set) else []
+            beats = self.client.mget([self.keys.heartbeat(n) for n in names]) if names else []
+        except BROKER_ERRORS as exc:
+            self.on_lost(f"{type(exc).__name__}: {exc}")
+            return
+        gone = [name for name, beat in zip(names, beats) if beat is None]
+        if gone:
+            self._forget(gone)
+        self.stream_length = length if isinstance(length, int) else 0
+        self.pending = pending.get("pending", 0) if isinstance(pending, dict) else 0
+        self.workers = [_parse(beat) for beat in beats if beat is not None]
+        self.looked.set()
+
+    def _forget(self, names: list[str]) -> None:
+        try:
+            self.client.srem(self.keys.workers, *names)
+        except BROKER_ERRORS:
+            pass  # the next look tries again
+        log.info("worker(s) %s stopped renewing their heartbeat; dropped", ", ".join(names))
+
+    @property
+    def serving_workers(self) -> int:
+        """Workers whose last heartbeat said they take work."""
+        return sum(1 for w in self.workers if w.get("state") == "serving")
+
+    def stop(self) -> None:
+        """Stop looking (returns at once; the thread ends within a second)."""
+        self._stop.set()
+
+
+def _parse(beat: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(beat)
+        return value if isinstance(value, dict) else {}
+    except ValueError:
+        return {}

@@ -1,0 +1,340 @@
+"""``--role worker --broker redis://...``: a worker that pulls requests from Redis and runs them.
+
+It holds the engines (``--num_inference_sessions`` sessions on ``--device``) and nothing of the
+task's text work: front ends send token rows and get logits back (broker/wire.py). A reader
+thread takes entries from the work stream in the workers' consumer group, only as many as it
+has room for (``2 x --max_batch_size``), so a busy worker leaves work to idle ones; sessions
+batch them cost-aware as the in-process server does; an outbox thread sends replies, then
+acknowledges and deletes the entries. Entries another worker took and did not settle within
+``--claim_idle_ms`` (it died) are claimed with XAUTOCLAIM and run again: at-least-once delivery,
+and each front end answers a request once. An entry delivered ``MAX_DELIVERIES`` times (it
+kills workers) is answered ``worker_lost`` instead of being run again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+import redis
+
+from broker.connect import BLOCK_S, BROKER_ERRORS, GROUP, Keys, connect, ensure_group, redact
+from broker.outbox import ReplyOutbox
+from broker.wire import FIELD, Work, decode_work, encode_answer, encode_error
+from engines.base import Engine
+from engines.batching import DeadlineReaper, WorkItem, WorkQueue
+from engines.model_dir import ModelInfo
+from engines.pool import BACKOFF_S, SessionPool
+from engines.qa import padded_lengths
+from engines.rows import EngineRows, split_rows, stack_rows
+from protocol.errors import ServerError, WorkerLost
+from settings.server_config import ServerConfig
+from telemetry.stats import ServerStats
+from workers.local import batch_policy, default_engine_factory, start_sessions
+
+log = logging.getLogger("worker")
+
+#: Deliveries after which an entry is answered ``worker_lost`` instead of run again.
+MAX_DELIVERIES = 3
+#: Heartbeat period, and how long one stays valid.
+HEARTBEAT_S = 1.0
+HEARTBEAT_TTL_MS = 5000
+
+
+class RowsTask:
+    """The part of the QA task a worker needs: stack rows, cut outputs, return logits."""
+
+    def __init__(self, input_names: Sequence[str]) -> None:
+        self.input_names = tuple(input_names)
+
+    def collate(self, batch: Sequence[EngineRows]) -> dict[str, np.ndarray]:
+        """Every request's rows, padded to the batch's longest padded length."""
+        return stack_rows(batch, self.input_names, batch[0].pad_id,
+                          max(rows.padded_length for rows in batch))
+
+    def split_outputs(self, batch: Sequence[EngineRows],
+                      outputs: Any) -> list[tuple[np.ndarray, ...]]:
+        """One (start, end) logits pair per request."""
+        return split_rows([rows.rows for rows in batch], outputs)
+
+    def postprocess(self, rows: EngineRows, start: np.ndarray, end: np.ndarray) -> dict[str, Any]:
+        """The logits of the request's own tokens (the front end chooses the answer)."""
+        return {"start": start[:, :rows.max_len], "end": end[:, :rows.max_len]}
+
+
+class RedisWorker:
+    """One worker process's sessions, fed from the work stream.
+
+    Args:
+        config: Serving settings (``broker``, ``broker_prefix``, ``claim_idle_ms``, sessions).
+        info: The prepared model's metadata.
+        engine_factory: Builds each session's engine (default: per the config).
+    """
+
+    def __init__(self, config: ServerConfig, info: ModelInfo,
+                 engine_factory: Callable[[], Engine] | None = None) -> None:
+        assert config.broker is not None
+        self.config, self.info = config, info
+        self.keys = Keys(config.broker_prefix)
+        self.name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.stats = ServerStats()
+        self.window = config.worker_window()
+        self.queue = WorkQueue(self.window)
+        self.policy = batch_policy(config)
+        self.engine_factory = engine_factory or default_engine_factory(config, config.device,
+                                                                      self.queue)
+        self.client = connect(config.broker)
+        self._reader = connect(config.broker, block_s=BLOCK_S)
+        self.outbox = ReplyOutbox(self.client, self.keys, self._settled)
+        self.pool: SessionPool | None = None
+        self.counts = {"claims": 0, "redeliveries": 0, "expired": 0, "unreadable": 0}
+        self._held = 0  # entries taken and not yet settled
+        self._cond = threading.Condition()
+        self._stopping = threading.Event()
+        self._up = False
+        self._claim_cursor = "0-0"
+        self._threads = [threading.Thread(target=self._read, name="broker-reader", daemon=True),
+                         threading.Thread(target=self._beat, name="heartbeat", daemon=True)]
+
+    # -- start ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Load and warm up every session, then take work (waiting for Redis if need be).
+
+        Raises:
+            RuntimeError: a session could not load its engine, or Redis refused us.
+        """
+        try:
+            self._connect()
+        except redis.AuthenticationError as exc:  # a ConnectionError to redis-py; not to us
+            raise RuntimeError(f"broker {redact(self.config.broker or '')} refused us: "
+                               f"{exc}") from exc
+        except BROKER_ERRORS as exc:
+            log.warning("broker %s unreachable (%s); will take work once it is",
+                        redact(self.config.broker or ""), exc)
+        except redis.RedisError as exc:
+            raise RuntimeError(f"broker {redact(self.config.broker or '')} refused us: "
+                               f"{exc}") from exc
+        longest = min(self.config.max_seq_len, self.info.max_seq_len)
+        self.pool = start_sessions(self.config, self.engine_factory,
+                                   RowsTask(self.info.input_names), self.queue, self.policy,
+                                   self.stats, padded_lengths(self.config.bucket_lengths(),
+                                                              longest), longest)
+        DeadlineReaper(self.queue).start()
+        self.outbox.start()
+        for thread in self._threads:
+            thread.start()
+        log.info("worker %s serving: work from %s on %s", self.name, self.keys.work,
+                 redact(self.config.broker or ""))
+
+    def _connect(self) -> None:
+        ensure_group(self.client, self.keys)
+        self._up = True
+
+    # -- taking work ---------------------------------------------------------------------------
+    def _read(self) -> None:
+        """Take new entries, and now and then claim abandoned ones, while there is room."""
+        claim_every = min(5.0, max(0.1, self.config.claim_idle_ms / 2000))
+        next_claim, failures = 0.0, 0
+        while not self._stopping.is_set():
+            room = self._wait_for_room()
+            if room == 0:
+                continue
+            try:
+                if not self._up:
+                    self._connect()
+                    log.warning("broker reachable again; taking work")
+                if time.monotonic() >= next_claim:
+                    next_claim = time.monotonic() + claim_every
+                    self._claim(room)
+                    continue
+                read = self._reader.xreadgroup(GROUP, self.name, {self.keys.work: ">"},
+                                               count=room, block=int(BLOCK_S * 1000))
+                failures = 0
+                for _, entries in read or []:
+                    self._take(entries, redelivered=False)
+            except redis.RedisError as exc:
+                failures = self._trouble(exc, failures)
+
+    def _trouble(self, exc: Exception, failures: int) -> int:
+        if self._up:
+            log.error("lost the broker (%s: %s); retrying", type(exc).__name__, exc)
+        self._up = False  # reconnecting recreates the group if Redis lost it (NOGROUP)
+        self._stopping.wait(BACKOFF_S[min(failures, len(BACKOFF_S) - 1)] or 0.1)
+        return failures + 1
+
+    def _wait_for_room(self) -> int:
+        with self._cond:
+            self._cond.wait_for(lambda: self._held < self.window or self._stopping.is_set(),
+                                BLOCK_S)
+            return 0 if self._stopping.is_set() else max(0, self.window - self._held)
+
+    def _claim(self, room: int) -> None:
+        """Take over entries idle for ``--claim_idle_ms`` in any worker's hands."""
+        cursor, entries, _ = self.client.xautoclaim(
+            self.keys.work, GROUP, self.name, min_idle_time=int(self.config.claim_idle_ms),
+            start_id=self._claim_cursor, count=room)
+        self._claim_cursor = cursor
+        if not entries:
+            return
+        self.counts["claims"] += len(entries)
+        self.stats.count_event("broker_claim", len(entries))
+        log.warning("claimed %d entries another worker left unanswered", len(entries))
+        delivered = {e["message_id"]: e["times_delivered"] for e in self.client.xpending_range(
+            self.keys.work, GROUP, min=entries[0][0], max=entries[-1][0], count=len(entries),
+            consumername=self.name)}
+        runnable = []
+        for entry in entries:
+            if delivered.get(entry[0], 0) > MAX_DELIVERIES:
+                self._give_up(entry)
+            else:
+                runnable.append(entry)
+        self.counts["redeliveries"] += len(runnable)
+        self._take(runnable, redelivered=True)
+
+    def _give_up(self, entry: tuple[bytes, dict[bytes, bytes]]) -> None:
+        work = self._decode(entry)
+        self._held_add(1)
+        self.outbox.put(entry[0], work.reply_to if work else None, encode_error(
+            work.number, WorkerLost.code, f"workers died {MAX_DELIVERIES} times running this "
+            "request; it is not run again") if work else None)
+
+    def _take(self, entries: list[tuple[bytes, dict[bytes, bytes] | None]],
+              redelivered: bool) -> None:
+        """Queue each entry for the sessions; settle at once those that cannot run."""
+        now = time.monotonic()
+        self._held_add(len(entries))
+        for entry_id, fields in entries:
+            work = self._decode((entry_id, fields))
+            if work is None:
+                self.outbox.put(entry_id, None, None)
+            elif work.deadline is not None and work.deadline <= now:
+                self.counts["expired"] += 1
+                self.stats.count_event("deadline_exceeded")
+                self.outbox.put(entry_id, work.reply_to, encode_error(
+                    work.number, "deadline_exceeded", "deadline passed before a worker took it"))
+            else:
+                self.queue.put(WorkItem(features=work.rows, respond=partial(self._answer,
+                                                                            entry_id, work),
+                                        rows=work.rows.rows, length=work.rows.padded_length,
+                                        enqueued_at=work.enqueued_at, deadline=work.deadline))
+
+    def _decode(self, entry: tuple[bytes, dict[bytes, bytes] | None]) -> Work | None:
+        try:
+            return decode_work((entry[1] or {}).get(FIELD, b""))
+        except ValueError as exc:
+            self.counts["unreadable"] += 1
+            log.error("dropping unreadable work entry %s: %s", entry[0], exc)
+            return None
+
+    # -- answering -----------------------------------------------------------------------------
+    def _answer(self, entry_id: bytes, work: Work, result: dict[str, Any] | None,
+                error: ServerError | None) -> None:
+        """A session's responder: queue the logits (or the error) for the outbox."""
+        if error is not None:
+            reply = encode_error(work.number, error.code, error.message)
+        else:
+            assert result is not None
+            reply = encode_answer(work.number, result["start"], result["end"])
+        self.outbox.put(entry_id, work.reply_to, reply)
+
+    def _held_add(self, n: int) -> None:
+        with self._cond:
+            self._held += n
+
+    def _settled(self, n: int) -> None:
+        with self._cond:
+            self._held -= n
+            self._cond.notify_all()
+
+    # -- heartbeat -----------------------------------------------------------------------------
+    def heartbeat(self) -> dict[str, Any]:
+        """What front ends see of this worker: state, load, figures, engine, broker counts."""
+        figures = self.stats.batch_figures()
+        figures["queue_depth"] = len(self.queue)
+        engine = self.pool.engine if self.pool is not None else None
+        describe: dict[str, Any] = {"max_batch_size": self.policy.cap,
+                                    "cost_model_ms": self.policy.cost.table()
+                                    if self.policy.cost else {}}
+        if engine is not None:
+            describe["engine"] = {"type": engine.name, "device": engine.device,
+                                  "precision": engine.precision,
+                                  "description": engine.describe()}
+        serving = self.pool is not None and self.pool.serving and not self._stopping.is_set()
+        return {"worker": self.name, "pid": os.getpid(), "host": socket.gethostname(),
+                "device": engine.device if engine is not None else self.config.device,
+                "state": "serving" if serving else "draining" if self._stopping.is_set()
+                else "starting", "in_flight": self._held,
+                "restarts": figures["events"].get("session_restart", 0), "figures": figures,
+                "describe": describe, **self.counts, "lost_replies": self.outbox.lost}
+
+    def _beat(self) -> None:
+        while True:
+            self._send_heartbeat()
+            if self._stopping.wait(HEARTBEAT_S):
+                return
+
+    def _send_heartbeat(self) -> None:
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.set(self.keys.heartbeat(self.name), json.dumps(self.heartbeat()),
+                     px=HEARTBEAT_TTL_MS)
+            pipe.sadd(self.keys.workers, self.name)
+            pipe.execute()
+        except redis.RedisError:
+            pass  # the reader reports the broker's absence
+
+    # -- stop ----------------------------------------------------------------------------------
+    def stop(self, timeout: float) -> bool:
+        """Take no more work, run and answer what was taken, say goodbye.
+
+        Returns:
+            True if everything taken was answered within ``timeout``.
+        """
+        until = time.monotonic() + timeout
+        self._stopping.set()
+        self._send_heartbeat()  # "draining": front ends stop counting on us at once
+        for thread in self._threads:
+            thread.join(BLOCK_S + 3)
+        self.queue.close()
+        drained = self.pool.join(max(0.0, until - time.monotonic())) if self.pool else True
+        self.outbox.close(max(1.0, until - time.monotonic()))
+        with self._cond:
+            drained = drained and self._held == 0
+        self._leave(drained)
+        return drained
+
+    def _leave(self, drained: bool) -> None:
+        """Remove our heartbeat; leave the group if we hold nothing (else others claim it)."""
+        try:
+            self.client.delete(self.keys.heartbeat(self.name))
+            self.client.srem(self.keys.workers, self.name)
+            if drained and not self.client.xpending_range(self.keys.work, GROUP, min="-",
+                                                          max="+", count=1,
+                                                          consumername=self.name):
+                self.client.xgroup_delconsumer(self.keys.work, GROUP, self.name)
+        except redis.RedisError as exc:
+            log.warning("could not say goodbye to the broker: %s", exc)
+
+
+def run_worker(config: ServerConfig, info: ModelInfo, stop: threading.Event) -> int:
+    """Serve as a worker until ``stop`` is set; the exit status (0: drained, 1: timed out,
+    2: could not start)."""
+    worker = RedisWorker(config, info)
+    try:
+        worker.start()
+    except Exception as exc:  # noqa: BLE001 - any start failure is exit status 2, logged
+        log.error("cannot start: %s: %s", type(exc).__name__, exc)
+        return 2
+    stop.wait()
+    drained = worker.stop(config.shutdown_timeout_s)
+    log.info("worker stopped (%s)", "everything taken was answered" if drained else "timed out")
+    return 0 if drained else 1

@@ -1,0 +1,67 @@
+"""A real redis-server for tests: on a free port, in a temporary folder, nothing persisted."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RedisServer:
+    """One redis-server process; ``stop`` and ``start`` again keep its port (a restart).
+
+    Args:
+        folder: Its working folder.
+        password: Require this password (``requirepass``), if given.
+    """
+
+    def __init__(self, folder: Path, password: str | None = None) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server is not installed (.ci/run installs Debian's package)")
+        self.binary, self.folder, self.password = binary, folder, password
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", str(self.folder), "--daemonize", "no",
+                "--loglevel", "warning"]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url)

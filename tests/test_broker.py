@@ -1,0 +1,174 @@
+"""--broker: front ends and worker processes over a real redis-server (password through the
+URL), real sockets, a tiny real ONNX model; answers checked against the in-process task."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from client import Client
+from protocol import BadRequest, encode_frame, qa_request
+from server import InferenceServer, ServerConfig
+from tests.broker_fixtures import (ROOT, front_end, heartbeats, settled, start_worker,
+                                   stop_worker, wait_serving)
+from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, Reference, wait_until
+from tests.redis_helpers import RedisServer
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"), password="s3cret")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def deployment(broker: RedisServer, tiny_model_dir: Path) -> Iterator[InferenceServer]:
+    """Two workers and one front end (with metrics)."""
+    workers = [start_worker(broker.url, tiny_model_dir) for _ in range(2)]
+    front = front_end(broker.url, tiny_model_dir, metrics_port=0)
+    try:
+        wait_serving(front, 2)
+        yield front
+    finally:
+        front.shutdown()
+        assert [stop_worker(w) for w in workers] == [0, 0]  # SIGTERM drains, exits 0
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir: Path) -> Reference:
+    return Reference(tiny_model_dir)
+
+
+def request(i: int) -> tuple[str, str]:
+    return QUESTIONS[i % 6], CONTEXTS[i % 6] * (1 + i % 4)
+
+
+def test_answers_through_redis_equal_the_in_process_task_and_both_workers_serve(
+        deployment: InferenceServer, broker: RedisServer, reference: Reference) -> None:
+    before = {pid: beat["figures"]["batch_rows"] for pid, beat in
+              heartbeats(broker.client()).items()}
+    with Client(*deployment.address) as client:
+        futures = [client.submit(*request(i)) for i in range(120)]
+        answers = [future.result(timeout=60) for future in futures]
+    for i, answer in enumerate(answers):
+        assert answer == reference.answer(*request(i))
+    settled(broker.client())
+
+    def both_ran() -> bool:
+        beats = heartbeats(broker.client())
+        return len(beats) == 2 and all(beat["figures"]["batch_rows"] > before.get(pid, 0)
+                                       for pid, beat in beats.items())
+
+    wait_until(both_ran, 10)
+
+
+def test_typed_errors_cross_the_hop(deployment: InferenceServer) -> None:
+    with Client(*deployment.address) as client:
+        with pytest.raises(BadRequest, match="question is too long"):  # refused by the front end
+            client.answer("a," * 400, CONTEXTS[0], timeout=30)
+        assert client.answer(QUESTIONS[1], CONTEXTS[1], timeout=30)["answer"]
+
+
+def test_two_front_ends_two_workers_pipelined_soak(deployment: InferenceServer,
+                                                   broker: RedisServer, tiny_model_dir: Path,
+                                                   reference: Reference) -> None:
+    second = front_end(broker.url, tiny_model_dir)
+    try:
+        wait_serving(second, 2)
+        replies: dict[tuple[int, int], dict[str, Any]] = {}
+        per_connection = 150
+
+        def pipelined(index: int, server: InferenceServer) -> None:
+            conn = RawConnection(server.address, timeout=60)
+            conn.send_raw(b"".join(encode_frame(qa_request(i, *request(i + index)))
+                                   for i in range(per_connection)))
+            for i, reply in conn.recv_replies(per_connection).items():
+                replies[(index, i)] = reply
+            conn.close()
+
+        threads = [threading.Thread(target=pipelined, args=(index, server)) for index, server in
+                   enumerate([deployment, second, deployment, second])]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert len(replies) == 4 * per_connection
+        for (index, i), reply in replies.items():
+            assert reply.get("error") is None, reply
+            assert reply["result"] == reference.answer(*request(i + index))
+    finally:
+        assert second.shutdown(10)
+    client = broker.client()
+    settled(client)
+    assert not client.exists(f"qa:replies:{second.backend.name}")  # type: ignore[union-attr]
+
+
+def test_stats_and_metrics_cover_the_broker(deployment: InferenceServer,
+                                            broker: RedisServer) -> None:
+    with Client(*deployment.address) as client:
+        client.answer(*request(0), timeout=30)
+        stats = client.stats(timeout=30)
+    figures = stats["broker"]
+    assert figures["up"] is True and figures["serving_workers"] == 2
+    assert "s3cret" not in str(stats) and figures["url"].startswith("redis://:***@127.0.0.1")
+    assert {"stream_length", "pending", "claims", "redeliveries", "duplicate_replies",
+            "unavailable", "reconnects"} <= set(figures)
+    assert len(stats["workers"]) == 2 and stats["engine"]["type"] == "onnx"
+    assert stats["ready"] is True
+    assert deployment.metrics_address is not None
+    host, port = deployment.metrics_address
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    for series in ("qa_server_broker_up 1.0", "qa_server_broker_serving_workers 2.0",
+                   "qa_server_broker_claims_total", "qa_server_broker_stream_length",
+                   "qa_server_broker_pending_entries", "qa_server_broker_redeliveries_total"):
+        assert series in text
+
+
+def test_an_unreadable_work_entry_is_dropped_and_the_workers_keep_serving(
+        deployment: InferenceServer, broker: RedisServer) -> None:
+    client = broker.client()
+    client.xadd("qa:work", {"m": b"\xc1 not msgpack"})
+    client.xadd("qa:work", {"other": b"field"})
+    settled(client)
+    wait_until(lambda: sum(b.get("unreadable", 0) for b in heartbeats(client).values()) == 2, 10)
+    with Client(*deployment.address) as conn:
+        assert conn.answer(*request(2), timeout=30)["answer"]
+
+
+def test_a_wrong_password_fails_the_start_clearly(broker: RedisServer,
+                                                  tiny_model_dir: Path) -> None:
+    url = broker.url.replace("s3cret", "wrong")
+    with pytest.raises(RuntimeError, match="refused us"):
+        front_end(url, tiny_model_dir)
+    worker = start_worker(url, tiny_model_dir)
+    assert worker.wait(60) == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--role", "worker"], "--role worker needs --broker"),
+    (["--broker", "http://127.0.0.1:1"], "redis://, rediss:// or unix://"),
+    (["--broker", "redis://127.0.0.1:1/0", "--workers", "2"], "--workers applies without"),
+])
+def test_broker_flags_that_cannot_work_are_usage_errors(args: list[str], message: str) -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "server.py"), *args],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and message in result.stderr
+
+
+def test_serving_without_a_broker_does_not_import_redis() -> None:
+    code = ("import sys, server; server.ServerConfig(workers=2).problems(); "
+            "print('redis' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert result.stdout.strip() == "False", result.stderr
