@@ -188,16 +188,20 @@ class RedisBackend:
         for record, _ in staged:
             if record.item.deadline is not None:
                 self._clock.add(record.item.deadline, record.number)
+        numbers = [record.number for record, _ in staged]
+        if not self._up:  # lost since submit: our reply stream may not exist in a new Redis
+            self._fail(numbers, Unavailable("the broker cannot be reached; retry once the "
+                                            "server is ready"))
+            return
         try:
             ids = self._admit(keys=[self.keys.work],
                               args=[self.config.max_queue, *(p for _, p in staged)])
         except BROKER_ERRORS as exc:
             self._lost(f"{type(exc).__name__}: {exc}")  # answers these with the rest
             return
-        except redis.RedisError as exc:
+        except Exception as exc:  # noqa: BLE001 - refused (a full Redis, say): these fail alone
             log.error("the broker refused work entries: %s", exc)
-            self._fail([r.number for r, _ in staged],
-                       InternalError(f"the broker refused: {exc}"))
+            self._fail(numbers, InternalError(f"the broker refused: {exc}"))
             return
         self._admitted([record for record, _ in staged], ids)
 
@@ -262,10 +266,11 @@ class RedisBackend:
                 else:
                     answers.append((record, reply))
             self._lock.notify_all()
-        self._reader.xdel(self.reply_key, *(entry_id for entry_id, _ in entries))
         with coalesced_sends():  # one write per connection for the whole read
             for record, reply in answers:
                 self._answer(record.item, reply)
+        # only now, when each is answered: if Redis is lost here, nothing taken goes unanswered
+        self._reader.xdel(self.reply_key, *(entry_id for entry_id, _ in entries))
 
     def _answer(self, item: WorkItem, reply: Reply) -> None:
         if reply.code is not None:

@@ -163,6 +163,9 @@ class RedisWorker:
                     self._take(entries, redelivered=False)
             except redis.RedisError as exc:
                 failures = self._trouble(exc, failures)
+            except Exception:  # noqa: BLE001 - a bug of ours must not stop the taking of work
+                log.exception("taking work failed; going on")
+                failures = self._trouble(RuntimeError("see the traceback above"), failures)
 
     def _trouble(self, exc: Exception, failures: int) -> int:
         if self._up:
@@ -186,7 +189,6 @@ class RedisWorker:
         if not entries:
             return
         self.counts["claims"] += len(entries)
-        self.stats.count_event("broker_claim", len(entries))
         log.warning("claimed %d entries another worker left unanswered", len(entries))
         delivered = {e["message_id"]: e["times_delivered"] for e in self.client.xpending_range(
             self.keys.work, GROUP, min=entries[0][0], max=entries[-1][0], count=len(entries),
@@ -268,7 +270,8 @@ class RedisWorker:
             describe["engine"] = {"type": engine.name, "device": engine.device,
                                   "precision": engine.precision,
                                   "description": engine.describe()}
-        serving = self.pool is not None and self.pool.serving and not self._stopping.is_set()
+        serving = self.pool is not None and self.pool.serving and not self._stopping.is_set() \
+            and self._threads[0].is_alive()
         return {"worker": self.name, "pid": os.getpid(), "host": socket.gethostname(),
                 "device": engine.device if engine is not None else self.config.device,
                 "state": "serving" if serving else "draining" if self._stopping.is_set()

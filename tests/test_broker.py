@@ -12,13 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from client import Client
 from protocol import BadRequest, encode_frame, qa_request
-from server import InferenceServer, ServerConfig
-from tests.broker_fixtures import (ROOT, front_end, heartbeats, settled, start_worker,
-                                   stop_worker, wait_serving)
+from server import InferenceServer
+from tests.broker_fixtures import (
+    ROOT,
+    front_end,
+    heartbeats,
+    settled,
+    start_worker,
+    stop_worker,
+    wait_serving,
+)
 from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, Reference, wait_until
 from tests.redis_helpers import RedisServer
 
