@@ -2,9 +2,11 @@
 
 It holds the engines (``--num_inference_sessions`` sessions on ``--device``) and nothing of the
 task's text work: front ends send token rows and get logits back (broker/wire.py). A reader
-thread takes entries from the work stream in the workers' consumer group, only as many as it
-has room for (``2 x --max_batch_size``), so a busy worker leaves work to idle ones; sessions
-batch them cost-aware as the in-process server does; an outbox thread sends replies, then
+thread takes entries from the work stream in the workers' consumer group, only as many as its
+sessions' next batches will hold (one per session where batching does not pay, up to
+``--max_batch_size`` where it does, by the cost model; at most ``2 x --max_batch_size`` held),
+so work a busy worker cannot start yet stays in Redis for idle ones; sessions batch them
+cost-aware as the in-process server does; an outbox thread sends replies, then
 acknowledges and deletes the entries. Entries another worker took and did not settle within
 ``--claim_idle_ms`` (it died) are claimed with XAUTOCLAIM and run again: at-least-once delivery,
 and each front end answers a request once. An entry delivered ``MAX_DELIVERIES`` times (it
@@ -31,7 +33,7 @@ from broker.connect import BLOCK_S, BROKER_ERRORS, GROUP, Keys, connect, ensure_
 from broker.outbox import ReplyOutbox
 from broker.wire import FIELD, Work, decode_work, encode_answer, encode_error
 from engines.base import Engine
-from engines.batching import DeadlineReaper, WorkItem, WorkQueue
+from engines.batching import MIN_GAIN, DeadlineReaper, WorkItem, WorkQueue
 from engines.model_dir import ModelInfo
 from engines.pool import BACKOFF_S, SessionPool
 from engines.qa import padded_lengths
@@ -53,11 +55,15 @@ HEARTBEAT_TTL_MS = 5000
 class RowsTask:
     """The part of the QA task a worker needs: stack rows, cut outputs, return logits."""
 
-    def __init__(self, input_names: Sequence[str]) -> None:
+    def __init__(self, input_names: Sequence[str],
+                 on_batch: Callable[[], None] = lambda: None) -> None:
         self.input_names = tuple(input_names)
+        self.on_batch = on_batch
 
     def collate(self, batch: Sequence[EngineRows]) -> dict[str, np.ndarray]:
-        """Every request's rows, padded to the batch's longest padded length."""
+        """Every request's rows, padded to the batch's longest padded length (and a word to
+        ``on_batch``: the batch left the queue)."""
+        self.on_batch()
         return stack_rows(batch, self.input_names, batch[0].pad_id,
                           max(rows.padded_length for rows in batch))
 
@@ -125,7 +131,7 @@ class RedisWorker:
                                f"{exc}") from exc
         longest = min(self.config.max_seq_len, self.info.max_seq_len)
         self.pool = start_sessions(self.config, self.engine_factory,
-                                   RowsTask(self.info.input_names), self.queue, self.policy,
+                                   RowsTask(self.info.input_names, self._room_changed), self.queue, self.policy,
                                    self.stats, padded_lengths(self.config.bucket_lengths(),
                                                               longest), longest)
         DeadlineReaper(self.queue).start()
@@ -175,10 +181,37 @@ class RedisWorker:
         return failures + 1
 
     def _wait_for_room(self) -> int:
+        """Entries to take now: enough for the batches the sessions will run next (what the
+        cost model says pays, per session), never more than ``window`` held in all, and none
+        while a next batch already waits, so that work stays in Redis for idle workers."""
+        pull = self.pull_size()
+        want = pull * self.config.num_inference_sessions
         with self._cond:
-            self._cond.wait_for(lambda: self._held < self.window or self._stopping.is_set(),
-                                BLOCK_S)
-            return 0 if self._stopping.is_set() else max(0, self.window - self._held)
+            self._cond.wait_for(lambda: self._stopping.is_set() or (
+                self._held < self.window and len(self.queue) < pull), BLOCK_S)
+            if self._stopping.is_set():
+                return 0
+            return max(0, min(self.window - self._held, want - len(self.queue)))
+
+    def pull_size(self) -> int:
+        """Requests worth batching together at the longest length, by the cost model (1 where
+        batching does not pay, as on most CPUs; up to ``--max_batch_size`` on a GPU)."""
+        cap, cost = self.policy.cap, self.policy.cost
+        if self.policy.mode != "auto" or cost is None:
+            return cap
+        longest = min(self.config.max_seq_len, self.info.max_seq_len)
+        best, rows = 1, 2
+        while rows <= cap:
+            now, before = cost.estimate(rows, longest), cost.estimate(best, longest)
+            if now is None or before is None or now / rows > before / best * (1 - MIN_GAIN):
+                break
+            best, rows = rows, rows * 2
+        return best
+
+    def _room_changed(self) -> None:
+        """A session took a batch from the local queue (its collate): maybe take more."""
+        with self._cond:
+            self._cond.notify_all()
 
     def _claim(self, room: int) -> None:
         """Take over entries idle for ``--claim_idle_ms`` in any worker's hands."""

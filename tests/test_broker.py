@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from broker.local_server import RedisServer
 from client import Client
 from protocol import BadRequest, encode_frame, qa_request
 from server import InferenceServer
@@ -26,7 +27,6 @@ from tests.broker_fixtures import (
     wait_serving,
 )
 from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, Reference, wait_until
-from tests.redis_helpers import RedisServer
 
 
 @pytest.fixture(scope="module")

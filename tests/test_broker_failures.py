@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from broker.connect import GROUP
+from broker.local_server import RedisServer
 from broker.wire import decode_reply, encode_work
 from client import Client
 from engines.rows import EngineRows
@@ -28,7 +29,6 @@ from tests.broker_fixtures import (
     wait_serving,
 )
 from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, wait_until
-from tests.redis_helpers import RedisServer
 
 
 @pytest.fixture

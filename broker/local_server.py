@@ -1,4 +1,6 @@
-"""A real redis-server for tests: on a free port, in a temporary folder, nothing persisted."""
+"""A throwaway redis-server on a free port, in a folder of its own, persisting nothing: for the
+tests, the benchmarks, and trying a brokered layout on one machine. Deployments run Redis as a
+service of its own (docker/compose.yaml, docs/scaling.md)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,11 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
 import redis
 
 
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -29,17 +31,20 @@ class RedisServer:
     def __init__(self, folder: Path, password: str | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            pytest.fail("redis-server is not installed (.ci/run installs Debian's package)")
+            raise FileNotFoundError("redis-server is not installed (Debian: apt-get install "
+                                    "redis-server; .ci/run does it)")
         self.binary, self.folder, self.password = binary, folder, password
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
+        """Its redis:// URL, password included."""
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        """Start it and return once it answers PING."""
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--dir", str(self.folder), "--daemonize", "no",
                 "--loglevel", "warning"]
@@ -59,9 +64,11 @@ class RedisServer:
                 time.sleep(0.02)
 
     def stop(self) -> None:
+        """Kill it (SIGKILL: nothing is saved anyway)."""
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)
 
     def client(self) -> redis.Redis:
+        """A client for it."""
         return redis.Redis.from_url(self.url)

@@ -1,0 +1,199 @@
+"""The broker benchmark: what the hop through Redis costs, and how workers scale behind it.
+
+    python bench/scaleout.py --model_dir saved_models          # zero engine and MiniLM, ~4 min
+    python bench/scaleout.py --model_dir saved_models --quick
+
+Starts a throwaway redis-server (broker/local_server.py), then, in one run:
+
+(1) Latency at 1 client, for each engine (``zero``: no model, so the hop is all there is; and
+    the model's ``onnx``): the in-process server (``server.py``) against a front end
+    (``--broker``) with one worker (``--role worker``), same sessions and threads, measured in
+    alternating rounds; p50 difference per round.
+(2) Scaling on the model: a front end with 1, then 2 workers (``--num_inference_sessions 1
+    --threads_per_session 1`` each), closed-loop load at ``--clients``, alternating 1, 2, 1, 2;
+    requests/s of 2 over 1. Beside it the raw-engine ceiling: the engine called in-process,
+    batch 1, one thread, and two engines of one thread in parallel (tokenizing and decoding
+    included).
+Writes every figure as JSON; docs/benchmarks.md records the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.bench import machine, raw_ceiling, raw_parallel, start_server  # noqa: E402
+from broker.local_server import RedisServer  # noqa: E402
+from client import Client  # noqa: E402
+from settings.cli import HelpFormatter  # noqa: E402
+from stress_test import load_pairs, run_closed_loop  # noqa: E402
+
+
+def start_worker(url: str, model_dir: str, kind: str, extra: list[str]) -> subprocess.Popen[str]:
+    """A ``--role worker`` process; returns once it serves."""
+    proc = subprocess.Popen(
+        [sys.executable, "server.py", "--role", "worker", "--broker", url, "--model_dir",
+         model_dir, "--inference_engine_type", kind, "--log_level", "INFO", *extra],
+        cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if re.search(r"worker \S+ serving", line):
+            from bench.bench import subprocess_drain
+
+            subprocess_drain(proc)
+            return proc
+    raise RuntimeError(f"worker did not start (exit {proc.wait()})")
+
+
+def wait_workers(port: int, count: int, timeout: float = 60) -> None:
+    """Until the front end on ``port`` counts ``count`` serving workers and is ready."""
+    deadline = time.monotonic() + timeout
+    with Client("127.0.0.1", port) as client:
+        while True:
+            stats = client.stats(timeout=10)
+            if stats["broker"]["serving_workers"] == count and stats["ready"]:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{count} workers never served: {stats['broker']}")
+            time.sleep(0.2)
+
+
+def stop(*procs: subprocess.Popen[str]) -> None:
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        proc.wait(timeout=120)
+
+
+def one_client_rounds(kind: str, model_dir: str, url: str, pairs: list[tuple[str, str]],
+                      rounds: int, requests: int, flags: list[str]) -> list[dict[str, Any]]:
+    """p50 at 1 client, in-process against front end + 1 worker, alternating per round."""
+    direct, direct_port = start_server(kind, model_dir, 2, flags)
+    front, front_port = start_server(kind, model_dir, 2, ["--broker", url, *flags])
+    worker = start_worker(url, model_dir, kind, flags)
+    rows = []
+    try:
+        wait_workers(front_port, 1)
+        for n in range(rounds):
+            order = [("in-process", direct_port), ("redis", front_port)]
+            for layout, port in order if n % 2 == 0 else order[::-1]:
+                result = run_closed_loop("127.0.0.1", port, clients=1,
+                                         requests_per_client=requests, pairs=pairs, warmup=8,
+                                         progress=False)
+                rows.append({"engine": kind, "round": n + 1, "layout": layout,
+                             "p50_ms": result["p50_ms"], "p99_ms": result["p99_ms"],
+                             "rps": result["throughput_rps"], "errors": result["errors"]})
+                print(f"  {kind} round {n + 1} {layout:>10}: p50 {result['p50_ms']:.2f} ms, "
+                      f"p99 {result['p99_ms']:.2f} ms, errors {result['errors'] or 0}",
+                      flush=True)
+    finally:
+        stop(direct, front, worker)
+    return rows
+
+
+def scaling_rounds(model_dir: str, url: str, pairs: list[tuple[str, str]], clients: int,
+                   requests: int) -> list[dict[str, Any]]:
+    """Requests/s of a front end with 1 and 2 one-thread workers, alternating 1, 2, 1, 2."""
+    flags = ["--num_inference_sessions", "1", "--threads_per_session", "1"]
+    front, port = start_server("onnx", model_dir, 1, ["--broker", url])
+    first = start_worker(url, model_dir, "onnx", flags)
+    rows, second = [], None
+    try:
+        for n, count in enumerate((1, 2, 1, 2)):
+            if count == 2:
+                second = start_worker(url, model_dir, "onnx", flags)
+            elif second is not None:
+                stop(second)
+                second = None
+            wait_workers(port, count)
+            result = run_closed_loop("127.0.0.1", port, clients=clients,
+                                     requests_per_client=max(4, requests // clients),
+                                     pairs=pairs, warmup=8, progress=False)
+            rows.append({"round": n + 1, "workers": count, "rps": result["throughput_rps"],
+                         "p50_ms": result["p50_ms"], "errors": result["errors"]})
+            print(f"  scaling round {n + 1}: {count} worker(s) {result['throughput_rps']:.1f} "
+                  f"req/s, p50 {result['p50_ms']:.1f} ms, errors {result['errors'] or 0}",
+                  flush=True)
+    finally:
+        stop(front, first, *([second] if second else []))
+    return rows
+
+
+def report(latency: list[dict[str, Any]], scaling: list[dict[str, Any]],
+           raw: list[dict[str, Any]]) -> str:
+    """Markdown tables of one run."""
+    lines = ["| engine | round | in-process p50 ms | through Redis p50 ms | difference ms |",
+             "|---|---:|---:|---:|---:|"]
+    for kind in dict.fromkeys(r["engine"] for r in latency):
+        for n in sorted({r["round"] for r in latency if r["engine"] == kind}):
+            pair = {r["layout"]: r for r in latency if r["engine"] == kind and r["round"] == n}
+            a, b = pair["in-process"]["p50_ms"], pair["redis"]["p50_ms"]
+            lines.append(f"| {kind} | {n} | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
+    lines += ["", "| round | workers | req/s | p50 ms |", "|---:|---:|---:|---:|"]
+    lines += [f"| {r['round']} | {r['workers']} | {r['rps']:.1f} | {r['p50_ms']:.1f} |"
+              for r in scaling]
+    one = statistics.mean(r["rps"] for r in scaling if r["workers"] == 1)
+    two = statistics.mean(r["rps"] for r in scaling if r["workers"] == 2)
+    lines += ["", f"2 workers / 1 worker: **{two / one:.2f}x** (mean of the rounds)", "",
+              "| raw engine (in-process, batch 1) | pairs/s |", "|---|---:|"]
+    lines += [f"| {r['layout']} | {r['pairs_per_s']:.1f} |" for r in raw]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--model_dir", default="saved_models", help="a folder from prepare_model.py")
+    p.add_argument("--rounds", type=int, default=4, help="alternating rounds at 1 client")
+    p.add_argument("--requests", type=int, default=300, help="requests per 1-client round")
+    p.add_argument("--clients", type=int, default=8, help="clients for the scaling rounds")
+    p.add_argument("--scaling_requests", type=int, default=400, help="requests per scaling round")
+    p.add_argument("--data", default=None, help="request mix (default: bench/data/qa_pairs.jsonl)")
+    p.add_argument("--json", default="bench/results/scaleout.json", help="where to write figures")
+    p.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.quick:
+        args.rounds, args.requests, args.scaling_requests = 2, 30, 40
+    pairs = load_pairs(args.data)
+    with tempfile.TemporaryDirectory() as folder:
+        redis_server = RedisServer(Path(folder))
+        redis_server.start()
+        try:
+            latency = []
+            for kind in ("zero", "onnx"):
+                latency += one_client_rounds(kind, args.model_dir, redis_server.url, pairs,
+                                             args.rounds, args.requests, [])
+            scaling = scaling_rounds(args.model_dir, redis_server.url, pairs, args.clients,
+                                     args.scaling_requests)
+        finally:
+            redis_server.stop()
+    raw = raw_ceiling("onnx", args.model_dir, pairs, [1], 32 if args.quick else 128, 1)
+    raw.append(raw_parallel("onnx", args.model_dir, pairs, 2, 32 if args.quick else 128))
+    text = report(latency, scaling, raw)
+    print(text)
+    out = {"machine": machine(), "args": vars(args), "latency": latency, "scaling": scaling,
+           "raw": raw, "report": text}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
