@@ -1,4 +1,4 @@
-"""Connecting to Redis, and the names of everything the server keeps there.
+"""Connecting to Redis, the names of everything the server keeps there, and the one script.
 
 ``--broker`` is a redis-py URL: ``redis://[[USER]:PASSWORD@]HOST:PORT/DB`` for plain TCP,
 ``rediss://...`` for TLS (``?ssl_ca_certs=/path/ca.pem`` and the other ``ssl_*`` query options
@@ -26,6 +26,22 @@ SCHEMES = ("redis", "rediss", "unix")
 #: What a lost or refused connection raises in redis-py.
 BROKER_ERRORS: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError,
                                                   OSError)
+
+#: Adds each request (ARGV[2..]) to the work stream (KEYS[1]) while it holds fewer than ARGV[1]
+#: entries; returns each one's entry id, or 0 where it was refused.
+ADMIT_SCRIPT = """
+local room = tonumber(ARGV[1]) - redis.call('XLEN', KEYS[1])
+local ids = {}
+for i = 2, #ARGV do
+  if room > 0 then
+    ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'm', ARGV[i])
+    room = room - 1
+  else
+    ids[#ids + 1] = 0
+  end
+end
+return ids
+"""
 
 
 @dataclass(frozen=True)

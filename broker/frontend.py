@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 
-from broker.connect import BLOCK_S, BROKER_ERRORS, Keys, connect, ensure_group, redact
+from broker.connect import ADMIT_SCRIPT, BLOCK_S, BROKER_ERRORS, Keys, connect, ensure_group, redact
 from broker.expiry import ExpiryClock
 from broker.monitor import BrokerMonitor
 from broker.wire import FIELD, Reply, decode_reply, encode_work
@@ -50,21 +50,6 @@ from workers.local import qa_config
 
 log = logging.getLogger(__name__)
 
-#: Adds each request (ARGV[2..]) to the work stream (KEYS[1]) while it holds fewer than ARGV[1]
-#: entries; returns each one's entry id, or 0 where it was refused.
-ADMIT = """
-local room = tonumber(ARGV[1]) - redis.call('XLEN', KEYS[1])
-local ids = {}
-for i = 2, #ARGV do
-  if room > 0 then
-    ids[#ids + 1] = redis.call('XADD', KEYS[1], '*', 'm', ARGV[i])
-    room = room - 1
-  else
-    ids[#ids + 1] = 0
-  end
-end
-return ids
-"""
 #: A front end's reply stream expires this long after its last renewal (it renews each second).
 REPLY_TTL_MS = 30_000
 #: Most replies read at once.
@@ -98,7 +83,7 @@ class RedisBackend:
         self.reply_key = self.keys.replies(self.name)
         self.client = connect(self.url)
         self._reader = connect(self.url, block_s=BLOCK_S)
-        self._admit = self.client.register_script(ADMIT)
+        self._admit = self.client.register_script(ADMIT_SCRIPT)
         self.task: QATask | None = None
         self._numbers = itertools.count()
         self._lock = threading.Condition()
@@ -349,28 +334,19 @@ class RedisBackend:
 
     def describe(self) -> dict[str, Any]:
         """A serving worker's engine and batching figures, and the broker's."""
-        workers = self.monitor.workers
-        out = dict(next((w.get("describe", {}) for w in workers if w.get("describe")), {}))
+        out = dict(next((w["describe"] for w in self.monitor.workers if w.get("describe")), {}))
         out["broker"] = self.broker_figures()
         return out
 
     def broker_figures(self) -> dict[str, Any]:
         """The broker as this front end saw it at the last look, plus its own counts."""
-        workers = self.monitor.workers
         return {"url": redact(self.url), "up": self._up, "front_end": self.name,
-                "stream": self.keys.work, "stream_length": self.monitor.stream_length,
-                "pending": self.monitor.pending, "workers": len(workers),
-                "serving_workers": self.monitor.serving_workers,
-                "claims": sum(w.get("claims", 0) for w in workers),
-                "redeliveries": sum(w.get("redeliveries", 0) for w in workers),
+                "stream": self.keys.work, **self.monitor.figures(),
                 "in_flight": len(self._in_flight), **self.counts}
 
     def worker_figures(self) -> list[dict[str, Any]]:
-        """Each live worker's heartbeat, in the shape the ``stats`` op lists workers."""
-        return [{"worker": w.get("worker"), "pid": w.get("pid"), "device": w.get("device"),
-                 "state": w.get("state"), "in_flight": w.get("in_flight", 0),
-                 "restarts": w.get("restarts", 0), "figures": w.get("figures"),
-                 "known_figures": w.get("figures")} for w in self.monitor.workers]
+        """Each live worker, in the shape the ``stats`` op lists workers."""
+        return self.monitor.worker_entries()
 
     def summed(self, stats: ServerStats, figures: list[dict[str, Any]]) -> ServerStats:
         """This front end's ``stats`` plus every live worker's batch figures (those count the

@@ -88,6 +88,23 @@ class BrokerMonitor(threading.Thread):
         """Workers whose last heartbeat said they take work."""
         return sum(1 for w in self.workers if w.get("state") == "serving")
 
+    def figures(self) -> dict[str, Any]:
+        """The work stream and the workers at the last look (claims and redeliveries summed over
+        the live workers)."""
+        workers = self.workers
+        return {"stream_length": self.stream_length, "pending": self.pending,
+                "workers": len(workers), "serving_workers": self.serving_workers,
+                "claims": sum(w.get("claims", 0) for w in workers),
+                "redeliveries": sum(w.get("redeliveries", 0) for w in workers)}
+
+    def worker_entries(self) -> list[dict[str, Any]]:
+        """Each live worker's heartbeat, in the shape the ``stats`` op lists workers
+        (workers/figures.py)."""
+        return [{"worker": w.get("worker"), "pid": w.get("pid"), "device": w.get("device"),
+                 "state": w.get("state"), "in_flight": w.get("in_flight", 0),
+                 "restarts": w.get("restarts", 0), "figures": w.get("figures"),
+                 "known_figures": w.get("figures")} for w in self.workers]
+
     def stop(self) -> None:
         """Stop looking (returns at once; the thread ends within a second)."""
         self._stop.set()

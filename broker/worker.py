@@ -130,10 +130,10 @@ class RedisWorker:
             raise RuntimeError(f"broker {redact(self.config.broker or '')} refused us: "
                                f"{exc}") from exc
         longest = min(self.config.max_seq_len, self.info.max_seq_len)
-        self.pool = start_sessions(self.config, self.engine_factory,
-                                   RowsTask(self.info.input_names, self._room_changed), self.queue, self.policy,
-                                   self.stats, padded_lengths(self.config.bucket_lengths(),
-                                                              longest), longest)
+        task = RowsTask(self.info.input_names, self._room_changed)
+        self.pool = start_sessions(self.config, self.engine_factory, task, self.queue,
+                                   self.policy, self.stats,
+                                   padded_lengths(self.config.bucket_lengths(), longest), longest)
         DeadlineReaper(self.queue).start()
         self.outbox.start()
         for thread in self._threads:
@@ -215,9 +215,10 @@ class RedisWorker:
 
     def _claim(self, room: int) -> None:
         """Take over entries idle for ``--claim_idle_ms`` in any worker's hands."""
-        cursor, entries, _ = self.client.xautoclaim(
+        claimed = self.client.xautoclaim(
             self.keys.work, GROUP, self.name, min_idle_time=int(self.config.claim_idle_ms),
             start_id=self._claim_cursor, count=room)
+        cursor, entries = claimed[0], claimed[1]  # Redis 7 adds the ids of deleted entries
         self._claim_cursor = cursor
         if not entries:
             return

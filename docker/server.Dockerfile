@@ -43,6 +43,7 @@ COPY settings/ settings/
 COPY transport/ transport/
 COPY telemetry/ telemetry/
 COPY workers/ workers/
+COPY broker/ broker/
 # the request mix: prepare_model.py --fp16 checks the fp16 export on it (engines/fp16.py)
 COPY bench/data/ bench/data/
 

@@ -178,3 +178,22 @@ def test_serving_without_a_broker_does_not_import_redis() -> None:
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                             text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_the_compose_file_runs_front_ends_and_workers_with_flags_the_server_takes() -> None:
+    import yaml
+
+    from server import parse_args
+
+    services = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())["services"]
+    front, worker = services["frontend"], services["worker"]
+
+    def flags(service: dict[str, Any]) -> list[str]:
+        words = [*service.get("entrypoint", [])[2:], *service["command"]]
+        return [w.replace("${REDIS_PASSWORD}", "pw") for w in words]
+
+    front_config, worker_config = parse_args(flags(front)), parse_args(flags(worker))
+    assert front_config.broker == worker_config.broker == "redis://:pw@redis:6379/0"
+    assert front_config.role == "server" and worker_config.role == "worker"
+    assert front_config.length_buckets == worker_config.length_buckets
+    assert "appendonly" in " ".join(services["redis"]["command"])

@@ -159,9 +159,11 @@ def test_the_docker_health_check_probes_the_address_the_server_writes() -> None:
     assert "--port" not in check  # it follows whatever --port the container was given
 
 
-# what each image's programs import, the engines (imported only when chosen) and prepare_model.py
+# what each image's programs import, the engines and the broker roles (imported only when
+# chosen) and prepare_model.py
 SERVER_MODULES = ("server, workers.worker_main, prepare_model, engines.onnx_engine, "
-                  "engines.torch_engine, engines.zero_engine, engines.fp16, engines.export")
+                  "engines.torch_engine, engines.zero_engine, engines.fp16, engines.export, "
+                  "broker.frontend, broker.worker")
 
 
 @pytest.mark.parametrize("image,modules", [("server", SERVER_MODULES), ("client", "client")])
