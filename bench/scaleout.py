@@ -11,7 +11,8 @@ Starts a throwaway redis-server (broker/local_server.py), then, in one run:
     alternating rounds; p50 difference per round.
 (2) Scaling on the model: a front end with 1, then 2 workers (``--num_inference_sessions 1
     --threads_per_session 1`` each), closed-loop load at ``--clients``, alternating 1, 2, 1, 2;
-    requests/s of 2 over 1. Beside it the raw-engine ceiling: the engine called in-process,
+    requests/s of 2 over 1, and the CPU per request of the front end and of redis-server. Beside
+    it the raw-engine ceiling: the engine called in-process,
     batch 1, one thread, and two engines of one thread in parallel (tokenizing and decoding
     included).
 Writes every figure as JSON; docs/benchmarks.md records the results.
@@ -36,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench import machine, raw_ceiling, raw_parallel, start_server  # noqa: E402
+from bench.frontend import process_tree_cpu_s  # noqa: E402
 from broker.local_server import RedisServer  # noqa: E402
 from client import Client  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
@@ -105,9 +107,12 @@ def one_client_rounds(kind: str, model_dir: str, url: str, pairs: list[tuple[str
     return rows
 
 
-def scaling_rounds(model_dir: str, url: str, pairs: list[tuple[str, str]], clients: int,
-                   requests: int) -> list[dict[str, Any]]:
-    """Requests/s of a front end with 1 and 2 one-thread workers, alternating 1, 2, 1, 2."""
+def scaling_rounds(model_dir: str, redis_server: RedisServer, pairs: list[tuple[str, str]],
+                   clients: int, requests: int) -> list[dict[str, Any]]:
+    """Requests/s of a front end with 1 and 2 one-thread workers, alternating 1, 2, 1, 2; and
+    the CPU per request of the front end's process and of redis-server."""
+    url = redis_server.url
+    assert redis_server.process is not None
     flags = ["--num_inference_sessions", "1", "--threads_per_session", "1"]
     front, port = start_server("onnx", model_dir, 1, ["--broker", url])
     first = start_worker(url, model_dir, "onnx", flags)
@@ -120,14 +125,19 @@ def scaling_rounds(model_dir: str, url: str, pairs: list[tuple[str, str]], clien
                 stop(second)
                 second = None
             wait_workers(port, count)
+            cpu = [process_tree_cpu_s(p) for p in (front.pid, redis_server.process.pid)]
             result = run_closed_loop("127.0.0.1", port, clients=clients,
                                      requests_per_client=max(4, requests // clients),
                                      pairs=pairs, warmup=8, progress=False)
+            used = [process_tree_cpu_s(p) - c for p, c in
+                    zip((front.pid, redis_server.process.pid), cpu)]
+            per = [1e6 * u / max(1, result["ok"]) for u in used]
             rows.append({"round": n + 1, "workers": count, "rps": result["throughput_rps"],
-                         "p50_ms": result["p50_ms"], "errors": result["errors"]})
+                         "p50_ms": result["p50_ms"], "errors": result["errors"],
+                         "front_end_cpu_us": per[0], "redis_cpu_us": per[1]})
             print(f"  scaling round {n + 1}: {count} worker(s) {result['throughput_rps']:.1f} "
-                  f"req/s, p50 {result['p50_ms']:.1f} ms, errors {result['errors'] or 0}",
-                  flush=True)
+                  f"req/s, p50 {result['p50_ms']:.1f} ms, errors {result['errors'] or 0}, CPU "
+                  f"per request: front end {per[0]:.0f} us, redis {per[1]:.0f} us", flush=True)
     finally:
         stop(front, first, *([second] if second else []))
     return rows
@@ -143,9 +153,10 @@ def report(latency: list[dict[str, Any]], scaling: list[dict[str, Any]],
             pair = {r["layout"]: r for r in latency if r["engine"] == kind and r["round"] == n}
             a, b = pair["in-process"]["p50_ms"], pair["redis"]["p50_ms"]
             lines.append(f"| {kind} | {n} | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
-    lines += ["", "| round | workers | req/s | p50 ms |", "|---:|---:|---:|---:|"]
-    lines += [f"| {r['round']} | {r['workers']} | {r['rps']:.1f} | {r['p50_ms']:.1f} |"
-              for r in scaling]
+    lines += ["", "| round | workers | req/s | p50 ms | front-end CPU/request | redis CPU/"
+              "request |", "|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['round']} | {r['workers']} | {r['rps']:.1f} | {r['p50_ms']:.1f} | "
+              f"{r['front_end_cpu_us']:.0f} µs | {r['redis_cpu_us']:.0f} µs |" for r in scaling]
     one = statistics.mean(r["rps"] for r in scaling if r["workers"] == 1)
     two = statistics.mean(r["rps"] for r in scaling if r["workers"] == 2)
     lines += ["", f"2 workers / 1 worker: **{two / one:.2f}x** (mean of the rounds)", "",
@@ -180,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             for kind in ("zero", "onnx"):
                 latency += one_client_rounds(kind, args.model_dir, redis_server.url, pairs,
                                              args.rounds, args.requests, [])
-            scaling = scaling_rounds(args.model_dir, redis_server.url, pairs, args.clients,
+            scaling = scaling_rounds(args.model_dir, redis_server, pairs, args.clients,
                                      args.scaling_requests)
         finally:
             redis_server.stop()

@@ -44,7 +44,7 @@ from protocol.errors import (
     error_for_code,
 )
 from settings.server_config import ServerConfig
-from telemetry.stats import ServerStats
+from telemetry.stats import ServerStats, Timing
 from transport.coalesce import coalesced_sends
 from workers.local import qa_config
 
@@ -63,6 +63,7 @@ class InFlight:
     number: int
     item: WorkItem
     entry: bytes | None = None  # its work entry's id, once added
+    sent_at: float = 0.0  # time.monotonic() when it went to Redis
 
 
 class RedisBackend:
@@ -93,6 +94,9 @@ class RedisBackend:
         self._stopping = False
         self._last_id = b"0-0"
         self.counts = {"duplicate_replies": 0, "unavailable": 0, "reconnects": 0}
+        #: Per answered request: from going to Redis until its reply was read, less the time a
+        #: worker held it: what the hop through Redis costs, both ways (guarded by _lock).
+        self.hop_time = Timing()
         self.monitor = BrokerMonitor(self.client, self.keys, self.reply_key, REPLY_TTL_MS,
                                      self._lost, lambda: self._up)
         self._clock = ExpiryClock(self._expire)
@@ -174,6 +178,9 @@ class RedisBackend:
             if record.item.deadline is not None:
                 self._clock.add(record.item.deadline, record.number)
         numbers = [record.number for record, _ in staged]
+        sent_at = time.monotonic()
+        for record, _ in staged:
+            record.sent_at = sent_at
         if not self._up:  # lost since submit: our reply stream may not exist in a new Redis
             self._fail(numbers, Unavailable("the broker cannot be reached; retry once the "
                                             "server is ready"))
@@ -235,6 +242,7 @@ class RedisBackend:
         """Answer the requests whose replies are in ``entries``, then delete the entries."""
         self._last_id = entries[-1][0]
         answers: list[tuple[InFlight, Reply]] = []
+        now = time.monotonic()
         with self._lock:
             for _, fields in entries:
                 payload = fields.get(FIELD, b"")
@@ -250,6 +258,7 @@ class RedisBackend:
                     self.counts["duplicate_replies"] += 1
                 else:
                     answers.append((record, reply))
+                    self.hop_time.observe(max(0.0, now - record.sent_at - reply.held_s))
             self._lock.notify_all()
         with coalesced_sends():  # one write per connection for the whole read
             for record, reply in answers:
@@ -342,7 +351,11 @@ class RedisBackend:
         """The broker as this front end saw it at the last look, plus its own counts."""
         return {"url": redact(self.url), "up": self._up, "front_end": self.name,
                 "stream": self.keys.work, **self.monitor.figures(),
-                "in_flight": len(self._in_flight), **self.counts}
+                "in_flight": len(self._in_flight), **self.counts, "hop_time": self._hops()}
+
+    def _hops(self) -> dict[str, float]:
+        with self._lock:
+            return self.hop_time.summary()
 
     def worker_figures(self) -> list[dict[str, Any]]:
         """Each live worker, in the shape the ``stats`` op lists workers."""

@@ -26,26 +26,37 @@ class RedisServer:
     Args:
         folder: Its working folder.
         password: Require this password (``requirepass``), if given.
+        tls: Serve TLS only, with a certificate for 127.0.0.1 signed by a throwaway authority
+            (made with the ``openssl`` command in ``folder``); ``url`` then trusts it.
     """
 
-    def __init__(self, folder: Path, password: str | None = None) -> None:
+    def __init__(self, folder: Path, password: str | None = None, tls: bool = False) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise FileNotFoundError("redis-server is not installed (Debian: apt-get install "
                                     "redis-server; .ci/run does it)")
         self.binary, self.folder, self.password = binary, folder, password
         self.port = free_port()
+        self.tls = tls
         self.process: subprocess.Popen[bytes] | None = None
+        if tls:
+            make_certificates(folder)
 
     @property
     def url(self) -> str:
         """Its redis:// URL, password included."""
         auth = f":{self.password}@" if self.password else ""
+        if self.tls:
+            return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={self.folder / 'ca.crt'}"
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         """Start it and return once it answers PING."""
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+        port = ["--port", "0", "--tls-port", str(self.port), "--tls-auth-clients", "no",
+                "--tls-cert-file", str(self.folder / "server.crt"),
+                "--tls-key-file", str(self.folder / "server.key")] if self.tls \
+            else ["--port", str(self.port)]
+        args = [self.binary, *port, "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--dir", str(self.folder), "--daemonize", "no",
                 "--loglevel", "warning"]
         if self.password:
@@ -72,3 +83,23 @@ class RedisServer:
     def client(self) -> redis.Redis:
         """A client for it."""
         return redis.Redis.from_url(self.url)
+
+
+def make_certificates(folder: Path) -> None:
+    """A certificate authority and a server certificate for 127.0.0.1 it signed, in ``folder``
+    (ca.crt, server.crt, server.key), made with the ``openssl`` command.
+
+    Raises:
+        FileNotFoundError: no ``openssl`` command.
+    """
+    if shutil.which("openssl") is None:
+        raise FileNotFoundError("the openssl command is not installed (.ci/run installs it)")
+    (folder / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    for command in (
+            ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+             "ca.crt", "-days", "2", "-subj", "/CN=throwaway-ca"],
+            ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
+             "server.csr", "-subj", "/CN=127.0.0.1"],
+            ["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "san.cnf"]):
+        subprocess.run(["openssl", *command], cwd=folder, check=True, capture_output=True)

@@ -9,7 +9,7 @@ A work entry (field ``m`` of an entry of the work stream) is a msgpack map:
 
 A reply entry (field ``m`` of the front end's reply stream) is ``{"i": number, "s": start
 logits, "e": end logits}`` (float32, rows x max_len) or ``{"i": number, "c": error code,
-"x": message}``. Times are wall-clock seconds because front ends and workers may be on
+"x": message}``, either with ``"w"``: seconds the worker held the request. Times are wall-clock seconds because front ends and workers may be on
 different machines (their clocks are assumed to agree to within a small part of a deadline,
 as NTP keeps them); each side turns them into its own ``time.monotonic()`` at once.
 """
@@ -38,6 +38,7 @@ class Work:
     rows: EngineRows
     enqueued_at: float  # time.monotonic() of this process
     deadline: float | None  # time.monotonic() of this process
+    taken_at: float  # time.monotonic() when this process read it
 
 
 def encode_work(reply_to: str, number: int, rows: TokenRows, pad_id: int, padded_length: int,
@@ -71,7 +72,8 @@ def decode_work(payload: bytes) -> Work:
                     rows=EngineRows(input_ids=ids, token_type_ids=types, lengths=lengths,
                                     pad_id=int(entry["p"]), padded_length=int(entry["n"])),
                     enqueued_at=to_monotonic(float(entry["t"])),
-                    deadline=None if deadline is None else to_monotonic(float(deadline)))
+                    deadline=None if deadline is None else to_monotonic(float(deadline)),
+                    taken_at=time.monotonic())
     except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
         raise ValueError(f"not a work entry: {type(exc).__name__}: {exc}") from exc
     if rows == 0 or ids.shape != types.shape or work.rows.padded_length < ids.shape[1] \
@@ -81,14 +83,16 @@ def decode_work(payload: bytes) -> Work:
     return work
 
 
-def encode_answer(number: int, start: np.ndarray, end: np.ndarray) -> bytes:
-    """A reply entry carrying one request's start and end logits."""
-    return msgpack.packb({"i": number, "s": _float_rows(start), "e": _float_rows(end)})
+def encode_answer(number: int, start: np.ndarray, end: np.ndarray, held_s: float) -> bytes:
+    """A reply entry carrying one request's start and end logits, and how long the worker held
+    it (read to reply: its queue and engine time), so the front end can tell the hop's share."""
+    return msgpack.packb({"i": number, "s": _float_rows(start), "e": _float_rows(end),
+                          "w": held_s})
 
 
-def encode_error(number: int, code: str, message: str) -> bytes:
+def encode_error(number: int, code: str, message: str, held_s: float = 0.0) -> bytes:
     """A reply entry carrying a typed error."""
-    return msgpack.packb({"i": number, "c": code, "x": message})
+    return msgpack.packb({"i": number, "c": code, "x": message, "w": held_s})
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +104,7 @@ class Reply:
     end: bytes = b""
     code: str | None = None
     message: str = ""
+    held_s: float = 0.0  # how long the worker held the request
 
     def logits(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """The start and end logits as ``[rows, length]`` float32 arrays.
@@ -119,9 +124,11 @@ def decode_reply(payload: bytes) -> Reply:
     """
     try:
         reply = msgpack.unpackb(payload)
+        held = float(reply.get("w", 0.0))
         if "c" in reply:
-            return Reply(int(reply["i"]), code=str(reply["c"]), message=str(reply["x"]))
-        return Reply(int(reply["i"]), start=reply["s"], end=reply["e"])
+            return Reply(int(reply["i"]), code=str(reply["c"]), message=str(reply["x"]),
+                         held_s=held)
+        return Reply(int(reply["i"]), start=reply["s"], end=reply["e"], held_s=held)
     except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
         raise ValueError(f"not a reply entry: {type(exc).__name__}: {exc}") from exc
 

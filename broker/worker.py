@@ -275,11 +275,12 @@ class RedisWorker:
     def _answer(self, entry_id: bytes, work: Work, result: dict[str, Any] | None,
                 error: ServerError | None) -> None:
         """A session's responder: queue the logits (or the error) for the outbox."""
+        held = time.monotonic() - work.taken_at
         if error is not None:
-            reply = encode_error(work.number, error.code, error.message)
+            reply = encode_error(work.number, error.code, error.message, held)
         else:
             assert result is not None
-            reply = encode_answer(work.number, result["start"], result["end"])
+            reply = encode_answer(work.number, result["start"], result["end"], held)
         self.outbox.put(entry_id, work.reply_to, reply)
 
     def _held_add(self, n: int) -> None:

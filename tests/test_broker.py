@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from broker.local_server import RedisServer
 from client import Client
@@ -197,3 +198,22 @@ def test_the_compose_file_runs_front_ends_and_workers_with_flags_the_server_take
     assert front_config.role == "server" and worker_config.role == "worker"
     assert front_config.length_buckets == worker_config.length_buckets
     assert "appendonly" in " ".join(services["redis"]["command"])
+
+
+def test_tls_comes_through_a_rediss_url(tmp_path: Path, tiny_model_dir: Path,
+                                         reference: Reference) -> None:
+    server = RedisServer(tmp_path, password="tls-pw", tls=True)
+    server.start()
+    assert server.url.startswith("rediss://")
+    with pytest.raises(redis.ConnectionError):  # it speaks TLS only
+        redis.Redis(port=server.port, password="tls-pw", socket_timeout=2).ping()
+    worker = start_worker(server.url, tiny_model_dir)
+    front = front_end(server.url, tiny_model_dir)
+    try:
+        wait_serving(front, 1)
+        with Client(*front.address) as client:
+            assert client.answer(*request(3), timeout=30) == reference.answer(*request(3))
+    finally:
+        front.shutdown(10)
+        assert stop_worker(worker) == 0
+        server.stop()
