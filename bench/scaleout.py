@@ -15,6 +15,8 @@ Starts a throwaway redis-server (broker/local_server.py), then, in one run:
     it the raw-engine ceiling: the engine called in-process,
     batch 1, one thread, and two engines of one thread in parallel (tokenizing and decoding
     included).
+(3) CPU per request of each part (front end, worker, redis-server) with the zero-cost engine
+    under pipelined load: what a front end costs when nothing waits on a model.
 Writes every figure as JSON; docs/benchmarks.md records the results.
 """
 
@@ -43,22 +45,25 @@ from client import Client  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
 from stress_test import load_pairs, run_closed_loop  # noqa: E402
 
+#: Where the workers' logs go (bench/results/scaleout-logs/worker-PID.log).
+LOGS = ROOT / "bench" / "results" / "scaleout-logs"
+
 
 def start_worker(url: str, model_dir: str, kind: str, extra: list[str]) -> subprocess.Popen[str]:
-    """A ``--role worker`` process; returns once it serves."""
+    """A ``--role worker`` process logging to ``LOGS``; returns once it serves."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    log = tempfile.NamedTemporaryFile("w+", dir=LOGS, suffix=".log", delete=False)
     proc = subprocess.Popen(
         [sys.executable, "server.py", "--role", "worker", "--broker", url, "--model_dir",
          model_dir, "--inference_engine_type", kind, "--log_level", "INFO", *extra],
-        cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        cwd=ROOT, stderr=log, stdout=subprocess.DEVNULL, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if re.search(r"worker \S+ serving", line):
-            from bench.bench import subprocess_drain
-
-            subprocess_drain(proc)
-            return proc
-    raise RuntimeError(f"worker did not start (exit {proc.wait()})")
+    deadline = time.monotonic() + 300
+    while not re.search(r"worker \S+ serving", Path(log.name).read_text()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"worker did not start (exit {proc.poll()}); see {log.name}")
+        time.sleep(0.1)
+    return proc
 
 
 def wait_workers(port: int, count: int, timeout: float = 60) -> None:
@@ -143,8 +148,30 @@ def scaling_rounds(model_dir: str, redis_server: RedisServer, pairs: list[tuple[
     return rows
 
 
+def cpu_per_request(model_dir: str, redis_server: RedisServer, pairs: list[tuple[str, str]],
+                    requests: int) -> dict[str, Any]:
+    """CPU per request of a front end, a zero-engine worker and redis-server, driven hard
+    (16 connections, 8 pipelined each): what each part costs, with nothing to wait for."""
+    assert redis_server.process is not None
+    front, port = start_server("zero", model_dir, 1, ["--broker", redis_server.url])
+    worker = start_worker(redis_server.url, model_dir, "zero", [])
+    try:
+        wait_workers(port, 1)
+        pids = {"front end": front.pid, "worker": worker.pid, "redis": redis_server.process.pid}
+        before = {name: process_tree_cpu_s(pid) for name, pid in pids.items()}
+        result = run_closed_loop("127.0.0.1", port, clients=16, requests_per_client=max(
+            8, requests // 16), pairs=pairs, pipeline=8, warmup=16, progress=False)
+        per = {name: 1e6 * (process_tree_cpu_s(pid) - before[name]) / max(1, result["ok"])
+               for name, pid in pids.items()}
+    finally:
+        stop(front, worker)
+    print(f"  CPU per request at {result['throughput_rps']:.0f} req/s (zero engine): " +
+          ", ".join(f"{name} {us:.0f} us" for name, us in per.items()), flush=True)
+    return {"rps": result["throughput_rps"], "errors": result["errors"], "cpu_us": per}
+
+
 def report(latency: list[dict[str, Any]], scaling: list[dict[str, Any]],
-           raw: list[dict[str, Any]]) -> str:
+           raw: list[dict[str, Any]], cpu: dict[str, Any]) -> str:
     """Markdown tables of one run."""
     lines = ["| engine | round | in-process p50 ms | through Redis p50 ms | difference ms |",
              "|---|---:|---:|---:|---:|"]
@@ -162,6 +189,8 @@ def report(latency: list[dict[str, Any]], scaling: list[dict[str, Any]],
     lines += ["", f"2 workers / 1 worker: **{two / one:.2f}x** (mean of the rounds)", "",
               "| raw engine (in-process, batch 1) | pairs/s |", "|---|---:|"]
     lines += [f"| {r['layout']} | {r['pairs_per_s']:.1f} |" for r in raw]
+    lines += ["", f"CPU per request, zero engine, {cpu['rps']:.0f} req/s: " + ", ".join(
+        f"{name} {us:.0f} µs" for name, us in cpu["cpu_us"].items())]
     return "\n".join(lines)
 
 
@@ -172,6 +201,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=300, help="requests per 1-client round")
     p.add_argument("--clients", type=int, default=8, help="clients for the scaling rounds")
     p.add_argument("--scaling_requests", type=int, default=400, help="requests per scaling round")
+    p.add_argument("--cpu_requests", type=int, default=8000, help="requests for the CPU figures")
     p.add_argument("--data", default=None, help="request mix (default: bench/data/qa_pairs.jsonl)")
     p.add_argument("--json", default="bench/results/scaleout.json", help="where to write figures")
     p.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
@@ -181,7 +211,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.quick:
-        args.rounds, args.requests, args.scaling_requests = 2, 30, 40
+        args.rounds, args.requests, args.scaling_requests, args.cpu_requests = 2, 30, 40, 256
     pairs = load_pairs(args.data)
     with tempfile.TemporaryDirectory() as folder:
         redis_server = RedisServer(Path(folder))
@@ -193,14 +223,15 @@ def main(argv: list[str] | None = None) -> int:
                                              args.rounds, args.requests, [])
             scaling = scaling_rounds(args.model_dir, redis_server, pairs, args.clients,
                                      args.scaling_requests)
+            cpu = cpu_per_request(args.model_dir, redis_server, pairs, args.cpu_requests)
         finally:
             redis_server.stop()
     raw = raw_ceiling("onnx", args.model_dir, pairs, [1], 32 if args.quick else 128, 1)
     raw.append(raw_parallel("onnx", args.model_dir, pairs, 2, 32 if args.quick else 128))
-    text = report(latency, scaling, raw)
+    text = report(latency, scaling, raw, cpu)
     print(text)
     out = {"machine": machine(), "args": vars(args), "latency": latency, "scaling": scaling,
-           "raw": raw, "report": text}
+           "raw": raw, "cpu": cpu, "report": text}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2))
     return 0

@@ -226,6 +226,8 @@ class RedisBackend:
                 self._lost(f"{type(exc).__name__}: {exc}")
             except redis.RedisError as exc:  # our stream vanished (Redis lost its data)
                 self._lost(f"{type(exc).__name__}: {exc}")
+            except Exception:  # noqa: BLE001 - a bug of ours must not stop the replies
+                log.exception("reading replies failed; going on")
 
     def _reconnect(self, failures: int) -> int:
         try:

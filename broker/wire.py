@@ -9,9 +9,11 @@ A work entry (field ``m`` of an entry of the work stream) is a msgpack map:
 
 A reply entry (field ``m`` of the front end's reply stream) is ``{"i": number, "s": start
 logits, "e": end logits}`` (float32, rows x max_len) or ``{"i": number, "c": error code,
-"x": message}``, either with ``"w"``: seconds the worker held the request. Times are wall-clock seconds because front ends and workers may be on
-different machines (their clocks are assumed to agree to within a small part of a deadline,
-as NTP keeps them); each side turns them into its own ``time.monotonic()`` at once.
+"x": message}``, either with ``"w"``: seconds the worker held the request.
+
+Times are wall-clock seconds because front ends and workers may be on different machines
+(their clocks are assumed to agree to within a small part of a deadline, as NTP keeps them);
+each side turns them into its own ``time.monotonic()`` at once.
 """
 
 from __future__ import annotations

@@ -151,10 +151,10 @@ class RedisWorker:
         claim_every = min(5.0, max(0.1, self.config.claim_idle_ms / 2000))
         next_claim, failures = 0.0, 0
         while not self._stopping.is_set():
-            room = self._wait_for_room()
-            if room == 0:
-                continue
             try:
+                room = self._wait_for_room()
+                if room == 0:
+                    continue
                 if not self._up:
                     self._connect()
                     log.warning("broker reachable again; taking work")
@@ -166,7 +166,7 @@ class RedisWorker:
                                                count=room, block=int(BLOCK_S * 1000))
                 failures = 0
                 for _, entries in read or []:
-                    self._take(entries, redelivered=False)
+                    self._take(entries)
             except redis.RedisError as exc:
                 failures = self._trouble(exc, failures)
             except Exception:  # noqa: BLE001 - a bug of ours must not stop the taking of work
@@ -234,7 +234,7 @@ class RedisWorker:
             else:
                 runnable.append(entry)
         self.counts["redeliveries"] += len(runnable)
-        self._take(runnable, redelivered=True)
+        self._take(runnable)
 
     def _give_up(self, entry: tuple[bytes, dict[bytes, bytes]]) -> None:
         work = self._decode(entry)
@@ -243,8 +243,7 @@ class RedisWorker:
             work.number, WorkerLost.code, f"workers died {MAX_DELIVERIES} times running this "
             "request; it is not run again") if work else None)
 
-    def _take(self, entries: list[tuple[bytes, dict[bytes, bytes] | None]],
-              redelivered: bool) -> None:
+    def _take(self, entries: list[tuple[bytes, dict[bytes, bytes] | None]]) -> None:
         """Queue each entry for the sessions; settle at once those that cannot run."""
         now = time.monotonic()
         self._held_add(len(entries))
@@ -329,6 +328,13 @@ class RedisWorker:
             pipe.execute()
         except redis.RedisError:
             pass  # the reader reports the broker's absence
+        except Exception:  # noqa: BLE001 - a bug of ours must not silence the heartbeat
+            log.exception("sending the heartbeat failed; going on")
+
+    @property
+    def healthy(self) -> bool:
+        """Its reader and heartbeat threads are running (or it is stopping)."""
+        return self._stopping.is_set() or all(t.is_alive() for t in self._threads)
 
     # -- stop ----------------------------------------------------------------------------------
     def stop(self, timeout: float) -> bool:
@@ -365,14 +371,18 @@ class RedisWorker:
 
 def run_worker(config: ServerConfig, info: ModelInfo, stop: threading.Event) -> int:
     """Serve as a worker until ``stop`` is set; the exit status (0: drained, 1: timed out,
-    2: could not start)."""
+    2: could not start, 3: a thread of its own died)."""
     worker = RedisWorker(config, info)
     try:
         worker.start()
     except Exception as exc:  # noqa: BLE001 - any start failure is exit status 2, logged
         log.error("cannot start: %s: %s", type(exc).__name__, exc)
         return 2
-    stop.wait()
+    while not stop.wait(HEARTBEAT_S):
+        if not worker.healthy:  # never seen; but a worker that takes no work must not linger
+            log.critical("a worker thread died; stopping so that a supervisor restarts us")
+            worker.stop(config.shutdown_timeout_s)
+            return 3
     drained = worker.stop(config.shutdown_timeout_s)
     log.info("worker stopped (%s)", "everything taken was answered" if drained else "timed out")
     return 0 if drained else 1

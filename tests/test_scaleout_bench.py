@@ -25,3 +25,4 @@ def test_the_scaleout_benchmark_measures_the_hop_and_both_worker_counts(
     assert all(r["rps"] > 0 and r["front_end_cpu_us"] > 0 and not r["errors"]
                for r in figures["scaling"])
     assert len(figures["raw"]) == 2 and "2 workers / 1 worker" in figures["report"]
+    assert figures["cpu"]["rps"] > 0 and all(us > 0 for us in figures["cpu"]["cpu_us"].values())
