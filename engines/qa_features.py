@@ -19,11 +19,12 @@ from typing import Protocol
 import numpy as np
 from tokenizers import Encoding
 
+from engines.rows import RowShape
 from protocol.errors import BadRequest
 
 
 @dataclass(frozen=True, slots=True, eq=False)  # arrays: compare by identity
-class QAFeatures:
+class QAFeatures(RowShape):
     """One request as windows of tokens, right-padded to its longest window (read-only arrays).
 
     Attributes:
@@ -41,16 +42,6 @@ class QAFeatures:
     lengths: np.ndarray
     allowed: np.ndarray
     spans: WindowSpans
-
-    @property
-    def rows(self) -> int:
-        """Number of windows, i.e. rows this request takes in a batch."""
-        return int(self.input_ids.shape[0])
-
-    @property
-    def max_len(self) -> int:
-        """Tokens in the longest window."""
-        return int(self.input_ids.shape[1])
 
     @property
     def offsets(self) -> np.ndarray:

@@ -27,8 +27,25 @@ class TokenRows(Protocol):
     def lengths(self) -> np.ndarray: ...
 
 
+class RowShape:
+    """``rows`` and ``max_len`` of a request held as ``[rows, max_len]`` arrays."""
+
+    __slots__ = ()
+    input_ids: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        """Rows (windows) this request takes in a batch."""
+        return int(self.input_ids.shape[0])
+
+    @property
+    def max_len(self) -> int:
+        """Tokens in its longest row."""
+        return int(self.input_ids.shape[1])
+
+
 @dataclass(frozen=True, slots=True, eq=False)
-class EngineRows:
+class EngineRows(RowShape):
     """One request's rows, as they travel to a worker that only runs the engine.
 
     Attributes:
@@ -45,16 +62,6 @@ class EngineRows:
     lengths: np.ndarray
     pad_id: int
     padded_length: int
-
-    @property
-    def rows(self) -> int:
-        """Rows this request takes in a batch."""
-        return int(self.input_ids.shape[0])
-
-    @property
-    def max_len(self) -> int:
-        """Tokens in its longest row."""
-        return int(self.input_ids.shape[1])
 
 
 def stack_rows(batch: Sequence[TokenRows], input_names: Sequence[str], pad_id: int,
