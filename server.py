@@ -375,8 +375,10 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    if config.role == "worker":
-        return _run_worker(config, stop)
+    if config.role == "worker":  # run the model for the front ends of --broker until stopped
+        from broker.worker import run_worker
+
+        return run_worker(config, stop)
     server = InferenceServer(config)
     try:
         server.start()
@@ -386,18 +388,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stop.wait()
     return 0 if server.shutdown() else 1
-
-
-def _run_worker(config: ServerConfig, stop: threading.Event) -> int:
-    """``--role worker``: run the model for the front ends of ``--broker`` until stopped."""
-    from broker.worker import run_worker
-
-    try:
-        info = load_model_info(config.model_dir)
-    except Exception as exc:  # noqa: BLE001 - a missing model is exit status 2, logged
-        log.error("cannot start: %s", exc)
-        return 2
-    return run_worker(config, info, stop)
 
 
 if __name__ == "__main__":

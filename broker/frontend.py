@@ -206,7 +206,8 @@ class RedisBackend:
                 else:
                     refused.append(record.number)
         if refused:
-            self._fail(refused, _overloaded(self.config.max_queue))
+            self._fail(refused, Overloaded(f"the work stream holds {self.config.max_queue} "
+                                           "requests (--max_queue); retry later"))
 
     # -- the way back --------------------------------------------------------------------------
     def _read_replies(self) -> None:
@@ -398,6 +399,3 @@ class RedisBackend:
             pass  # it expires by itself
         return drained
 
-
-def _overloaded(limit: int) -> ServerError:
-    return Overloaded(f"the work stream holds {limit} requests (--max_queue); retry later")

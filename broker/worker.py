@@ -34,7 +34,7 @@ from broker.outbox import ReplyOutbox
 from broker.wire import FIELD, Work, decode_work, encode_answer, encode_error
 from engines.base import Engine
 from engines.batching import MIN_GAIN, DeadlineReaper, WorkItem, WorkQueue
-from engines.model_dir import ModelInfo
+from engines.model_dir import ModelInfo, load_model_info
 from engines.pool import BACKOFF_S, SessionPool
 from engines.qa import padded_lengths
 from engines.rows import EngineRows, split_rows, stack_rows
@@ -369,11 +369,11 @@ class RedisWorker:
             log.warning("could not say goodbye to the broker: %s", exc)
 
 
-def run_worker(config: ServerConfig, info: ModelInfo, stop: threading.Event) -> int:
-    """Serve as a worker until ``stop`` is set; the exit status (0: drained, 1: timed out,
-    2: could not start, 3: a thread of its own died)."""
-    worker = RedisWorker(config, info)
+def run_worker(config: ServerConfig, stop: threading.Event) -> int:
+    """Serve the model of ``config.model_dir`` as a worker until ``stop`` is set; the exit
+    status (0: drained, 1: timed out, 2: could not start, 3: a thread of its own died)."""
     try:
+        worker = RedisWorker(config, load_model_info(config.model_dir))
         worker.start()
     except Exception as exc:  # noqa: BLE001 - any start failure is exit status 2, logged
         log.error("cannot start: %s: %s", type(exc).__name__, exc)
