@@ -301,9 +301,9 @@ class RedisBackend:
     def _fail(self, numbers: list[int], error: ServerError) -> None:
         with self._lock:
             records = [r for n in numbers if (r := self._in_flight.pop(n, None)) is not None]
+            if isinstance(error, Unavailable):
+                self.counts["unavailable"] += len(records)
             self._lock.notify_all()
-        if isinstance(error, Unavailable):
-            self.counts["unavailable"] += len(records)
         for record in records:
             record.item.answer(None, error)
 

@@ -50,6 +50,8 @@ MAX_DELIVERIES = 3
 #: Heartbeat period, and how long one stays valid.
 HEARTBEAT_S = 1.0
 HEARTBEAT_TTL_MS = 5000
+#: Recent timing samples a heartbeat carries, per timing (front ends take percentiles over them).
+HEARTBEAT_SAMPLES = 512
 
 
 class RowsTask:
@@ -296,6 +298,9 @@ class RedisWorker:
         """What front ends see of this worker: state, load, figures, engine, broker counts."""
         figures = self.stats.batch_figures()
         figures["queue_depth"] = len(self.queue)
+        for timing in ("queue_time", "engine_time"):  # the newest samples, to the microsecond:
+            recent = figures[timing]["recent"][-HEARTBEAT_SAMPLES:]  # a heartbeat stays small
+            figures[timing]["recent"] = [round(sample, 6) for sample in recent]
         engine = self.pool.engine if self.pool is not None else None
         describe: dict[str, Any] = {"max_batch_size": self.policy.cap,
                                     "cost_model_ms": self.policy.cost.table()
