@@ -159,11 +159,16 @@ def server_runs(kind: str, model_dir: str, pairs: list[tuple[str, str]], levels:
                 rows.append(_one_level(kind, mode, servers[mode][1], clients, pairs, sessions,
                                        min_requests))
     finally:
-        for proc, _ in servers.values():
-            proc.send_signal(signal.SIGTERM)
-        for proc, _ in servers.values():
-            proc.wait(timeout=120)
+        stop_servers(*(proc for proc, _ in servers.values()))
     return rows
+
+
+def stop_servers(*procs: Any) -> None:
+    """SIGTERM every server (or worker) process, then wait for each to drain and exit."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        proc.wait(timeout=120)
 
 
 def _mode_flags(mode: str) -> list[str]:

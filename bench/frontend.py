@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench import machine, start_server  # noqa: E402
+from bench.bench import machine, start_server, stop_servers  # noqa: E402
 from client import Client  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
 from stress_test import load_pairs, run_closed_loop  # noqa: E402
@@ -98,8 +97,7 @@ def measure_server(model_dir: str, pairs: list[tuple[str, str]], args: argparse.
             cpu = process_tree_cpu_s(proc.pid) - cpu_before
             requests = answered(control) - requests_before
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
+        stop_servers(proc)
     return {"workers": workers, "sessions": sessions, "connections": args.connections,
             "pipeline": args.pipeline, "requests": requests, "server_cpu_s": cpu,
             "cpu_us_per_request": 1e6 * cpu / max(1, requests),

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench import machine, raw_ceiling, raw_table, start_server  # noqa: E402
+from bench.bench import machine, raw_ceiling, raw_table, start_server, stop_servers  # noqa: E402
 from bench.gpu_report import plot, targets_table  # noqa: E402
 from client import Client  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
@@ -135,8 +134,7 @@ def server_rows(args: argparse.Namespace, pairs: list[tuple[str, str]],
                         row = _level(kind, layout, mode, port, clients, pairs, args, sampler)
                         rows.append({**row, "precision": precision})
                 finally:
-                    proc.send_signal(signal.SIGTERM)
-                    proc.wait(timeout=120)
+                    stop_servers(proc)
     return rows
 
 

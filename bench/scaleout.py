@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -38,7 +37,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench import machine, raw_ceiling, raw_parallel, start_server  # noqa: E402
+from bench.bench import (  # noqa: E402
+    machine,
+    raw_ceiling,
+    raw_parallel,
+    start_server,
+    stop_servers,
+)
 from bench.frontend import process_tree_cpu_s  # noqa: E402
 from broker.local_server import RedisServer  # noqa: E402
 from client import Client  # noqa: E402
@@ -79,13 +84,6 @@ def wait_workers(port: int, count: int, timeout: float = 60) -> None:
             time.sleep(0.2)
 
 
-def stop(*procs: subprocess.Popen[str]) -> None:
-    for proc in procs:
-        proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        proc.wait(timeout=120)
-
-
 def one_client_rounds(kind: str, model_dir: str, url: str, pairs: list[tuple[str, str]],
                       rounds: int, requests: int, flags: list[str]) -> list[dict[str, Any]]:
     """p50 at 1 client, in-process against front end + 1 worker, alternating per round."""
@@ -108,7 +106,7 @@ def one_client_rounds(kind: str, model_dir: str, url: str, pairs: list[tuple[str
                       f"p99 {result['p99_ms']:.2f} ms, errors {result['errors'] or 0}",
                       flush=True)
     finally:
-        stop(direct, front, worker)
+        stop_servers(direct, front, worker)
     return rows
 
 
@@ -127,7 +125,7 @@ def scaling_rounds(model_dir: str, redis_server: RedisServer, pairs: list[tuple[
             if count == 2:
                 second = start_worker(url, model_dir, "onnx", flags)
             elif second is not None:
-                stop(second)
+                stop_servers(second)
                 second = None
             wait_workers(port, count)
             cpu = [process_tree_cpu_s(p) for p in (front.pid, redis_server.process.pid)]
@@ -144,7 +142,7 @@ def scaling_rounds(model_dir: str, redis_server: RedisServer, pairs: list[tuple[
                   f"req/s, p50 {result['p50_ms']:.1f} ms, errors {result['errors'] or 0}, CPU "
                   f"per request: front end {per[0]:.0f} us, redis {per[1]:.0f} us", flush=True)
     finally:
-        stop(front, first, *([second] if second else []))
+        stop_servers(front, first, *([second] if second else []))
     return rows
 
 
@@ -164,7 +162,7 @@ def cpu_per_request(model_dir: str, redis_server: RedisServer, pairs: list[tuple
         per = {name: 1e6 * (process_tree_cpu_s(pid) - before[name]) / max(1, result["ok"])
                for name, pid in pids.items()}
     finally:
-        stop(front, worker)
+        stop_servers(front, worker)
     print(f"  CPU per request at {result['throughput_rps']:.0f} req/s (zero engine): " +
           ", ".join(f"{name} {us:.0f} us" for name, us in per.items()), flush=True)
     return {"rps": result["throughput_rps"], "errors": result["errors"], "cpu_us": per}

@@ -223,9 +223,7 @@ class RedisBackend:
                                           block=int(BLOCK_S * 1000))
                 if read:
                     self._take(read[0][1])
-            except BROKER_ERRORS as exc:
-                self._lost(f"{type(exc).__name__}: {exc}")
-            except redis.RedisError as exc:  # our stream vanished (Redis lost its data)
+            except (redis.RedisError, OSError) as exc:  # lost it, or Redis lost its data
                 self._lost(f"{type(exc).__name__}: {exc}")
             except Exception:  # noqa: BLE001 - a bug of ours must not stop the replies
                 log.exception("reading replies failed; going on")

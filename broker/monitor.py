@@ -44,7 +44,6 @@ class BrokerMonitor(threading.Thread):
         self.stream_length = 0
         self.pending = 0
         self.workers: list[dict[str, Any]] = []  # live workers' heartbeats, newest look
-        self.looked = threading.Event()  # set after each look (tests and start-up wait on it)
         self._stop = threading.Event()
 
     def run(self) -> None:
@@ -74,7 +73,6 @@ class BrokerMonitor(threading.Thread):
         self.stream_length = length if isinstance(length, int) else 0
         self.pending = pending.get("pending", 0) if isinstance(pending, dict) else 0
         self.workers = [_parse(beat) for beat in beats if beat is not None]
-        self.looked.set()
 
     def _forget(self, names: list[str]) -> None:
         try:

@@ -41,7 +41,7 @@ from engines.rows import EngineRows, split_rows, stack_rows
 from protocol.errors import ServerError, WorkerLost
 from settings.server_config import ServerConfig
 from telemetry.stats import ServerStats
-from workers.local import batch_policy, default_engine_factory, start_sessions
+from workers.local import batch_policy, default_engine_factory, describe_serving, start_sessions
 
 log = logging.getLogger("worker")
 
@@ -170,15 +170,16 @@ class RedisWorker:
                 for _, entries in read or []:
                     self._take(entries)
             except redis.RedisError as exc:
-                failures = self._trouble(exc, failures)
+                if self._up:
+                    log.error("lost the broker (%s: %s); retrying", type(exc).__name__, exc)
+                self._up = False  # reconnecting recreates the group if Redis lost it (NOGROUP)
+                failures = self._back_off(failures)
             except Exception:  # noqa: BLE001 - a bug of ours must not stop the taking of work
                 log.exception("taking work failed; going on")
-                failures = self._trouble(RuntimeError("see the traceback above"), failures)
+                failures = self._back_off(failures)
 
-    def _trouble(self, exc: Exception, failures: int) -> int:
-        if self._up:
-            log.error("lost the broker (%s: %s); retrying", type(exc).__name__, exc)
-        self._up = False  # reconnecting recreates the group if Redis lost it (NOGROUP)
+    def _back_off(self, failures: int) -> int:
+        """Wait the back-off after ``failures`` failures in a row (less if stopping)."""
         self._stopping.wait(BACKOFF_S[min(failures, len(BACKOFF_S) - 1)] or 0.1)
         return failures + 1
 
@@ -302,13 +303,6 @@ class RedisWorker:
             recent = figures[timing]["recent"][-HEARTBEAT_SAMPLES:]  # a heartbeat stays small
             figures[timing]["recent"] = [round(sample, 6) for sample in recent]
         engine = self.pool.engine if self.pool is not None else None
-        describe: dict[str, Any] = {"max_batch_size": self.policy.cap,
-                                    "cost_model_ms": self.policy.cost.table()
-                                    if self.policy.cost else {}}
-        if engine is not None:
-            describe["engine"] = {"type": engine.name, "device": engine.device,
-                                  "precision": engine.precision,
-                                  "description": engine.describe()}
         serving = self.pool is not None and self.pool.serving and not self._stopping.is_set() \
             and self._threads[0].is_alive()
         return {"worker": self.name, "pid": os.getpid(), "host": socket.gethostname(),
@@ -316,7 +310,8 @@ class RedisWorker:
                 "state": "serving" if serving else "draining" if self._stopping.is_set()
                 else "starting", "in_flight": self._held,
                 "restarts": figures["events"].get("session_restart", 0), "figures": figures,
-                "describe": describe, **self.counts, "lost_replies": self.outbox.lost}
+                "describe": describe_serving(self.policy, engine), **self.counts,
+                "lost_replies": self.outbox.lost}
 
     def _beat(self) -> None:
         while True:

@@ -53,6 +53,17 @@ def prime_shapes(buckets: tuple[int, ...], max_batch_tokens: int) -> list[tuple[
     return shapes
 
 
+def describe_serving(policy: BatchPolicy, engine: Engine | None) -> dict[str, Any]:
+    """The batching figures and (once loaded) the engine of a set of sessions, for stats:
+    ``max_batch_size``, ``cost_model_ms`` and ``engine`` (type, device, precision, words)."""
+    out: dict[str, Any] = {"cost_model_ms": policy.cost.table() if policy.cost else {},
+                           "max_batch_size": policy.cap}
+    if engine is not None:
+        out["engine"] = {"type": engine.name, "device": engine.device,
+                         "precision": engine.precision, "description": engine.describe()}
+    return out
+
+
 def default_engine_factory(config: ServerConfig, device: str,
                            queue: WorkQueue) -> Callable[[], Engine]:
     """Builds one session's engine as the settings say (threads, precision, device)."""
@@ -195,13 +206,7 @@ class LocalBackend:
 
     def describe(self) -> dict[str, Any]:
         """The engine, device and batching figures, for stats and logs."""
-        engine = self.engine
-        out: dict[str, Any] = {"cost_model_ms": self.policy.cost.table() if self.policy.cost
-                               else {}, "max_batch_size": self.policy.cap}
-        if engine is not None:
-            out["engine"] = {"type": engine.name, "device": engine.device,
-                             "precision": engine.precision, "description": engine.describe()}
-        return out
+        return describe_serving(self.policy, self.engine)
 
     def stop(self, timeout: float) -> bool:
         """Refuse new work, let the sessions drain what was admitted, and stop them.
