@@ -23,12 +23,12 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from engines.base import Engine
-from engines.batching import Responder
 from engines.devices import check_cuda_devices
 from engines.model_dir import ModelInfo, load_model_info
 from engines.zero_engine import ZERO_ENGINE_WARNING
 from protocol.errors import BadRequest, ServerError, ShuttingDown, TooManyConnections
 from protocol.messages import PingRequest, QARequest, Request, StatsRequest
+from scheduling.queue import Responder
 from settings.server_config import ServerConfig, build_parser, config_from_args
 from telemetry.stats import ServerStats
 from transport import BindError, Connection, Listener, bind_socket, refuse

@@ -41,7 +41,7 @@ def raw_ceiling(kind: str, model_dir: str, pairs: list[tuple[str, str]], batch_s
     """Pairs/s of the engine called in-process, per batch size (tokenize + run + decode)."""
     from engines import load_engine
     from engines.model_dir import load_model_info
-    from engines.qa import QAConfig, QATask
+    from tasks.qa import QAConfig, QATask
 
     info = load_model_info(model_dir)
     task = QATask.from_dir(model_dir, QAConfig(handle_impossible_answer=info.squad2),
@@ -68,7 +68,7 @@ def raw_parallel(kind: str, model_dir: str, pairs: list[tuple[str, str]], engine
 
     from engines import load_engine
     from engines.model_dir import load_model_info
-    from engines.qa import QAConfig, QATask
+    from tasks.qa import QAConfig, QATask
 
     info = load_model_info(model_dir)
     task = QATask.from_dir(model_dir, QAConfig(handle_impossible_answer=info.squad2),

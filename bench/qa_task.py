@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.frontend import tokenizer_floor_us  # noqa: E402
-from engines.qa import QAConfig, QATask  # noqa: E402
 from stress_test import load_pairs  # noqa: E402
+from tasks.qa import QAConfig, QATask  # noqa: E402
 
 
 def cpu_us_per_call(calls: list[Callable[[], object]], min_seconds: float) -> float:

@@ -30,10 +30,7 @@ from broker.connect import ADMIT_SCRIPT, BLOCK_S, BROKER_ERRORS, Keys, connect, 
 from broker.expiry import ExpiryClock
 from broker.monitor import BrokerMonitor
 from broker.wire import FIELD, Reply, decode_reply, encode_work
-from engines.batching import Responder, WorkItem
 from engines.model_dir import ModelInfo
-from engines.pool import BACKOFF_S
-from engines.qa import QATask
 from protocol.errors import (
     DeadlineExceeded,
     InternalError,
@@ -43,7 +40,10 @@ from protocol.errors import (
     Unavailable,
     error_for_code,
 )
+from scheduling.pool import BACKOFF_S
+from scheduling.queue import Responder, WorkItem
 from settings.server_config import ServerConfig
+from tasks.qa import QATask
 from telemetry.stats import ServerStats, Timing
 from transport.coalesce import coalesced_sends
 from workers.local import qa_config

@@ -25,7 +25,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from engines.rows import EngineRows, TokenRows
+from tasks.rows import EngineRows, TokenRows
 
 #: The one field of every entry.
 FIELD = b"m"

@@ -33,13 +33,14 @@ from broker.connect import BLOCK_S, BROKER_ERRORS, GROUP, Keys, connect, ensure_
 from broker.outbox import ReplyOutbox
 from broker.wire import FIELD, Work, decode_work, encode_answer, encode_error
 from engines.base import Engine
-from engines.batching import MIN_GAIN, DeadlineReaper, WorkItem, WorkQueue
 from engines.model_dir import ModelInfo, load_model_info
-from engines.pool import BACKOFF_S, SessionPool
-from engines.qa import padded_lengths
-from engines.rows import EngineRows, split_rows, stack_rows
 from protocol.errors import ServerError, WorkerLost
+from scheduling.planner import MIN_GAIN
+from scheduling.pool import BACKOFF_S, SessionPool
+from scheduling.queue import DeadlineReaper, WorkItem, WorkQueue
 from settings.server_config import ServerConfig
+from tasks.qa import padded_lengths
+from tasks.rows import EngineRows, split_rows, stack_rows
 from telemetry.stats import ServerStats
 from workers.local import batch_policy, default_engine_factory, describe_serving, start_sessions
 

@@ -38,6 +38,8 @@ ENV LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
 COPY server.py client.py prepare_model.py ./
 COPY console/ console/
 COPY engines/ engines/
+COPY tasks/ tasks/
+COPY scheduling/ scheduling/
 COPY protocol/ protocol/
 COPY settings/ settings/
 COPY transport/ transport/

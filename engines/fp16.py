@@ -93,7 +93,7 @@ def check_parity(folder: Path, info: ModelInfo, cases: list[tuple[str, str]]) ->
     import onnxruntime as ort
 
     from engines.onnx_providers import CUDA_PROVIDER, choose_providers, open_session
-    from engines.qa import QATask
+    from tasks.qa import QATask
 
     task = QATask.from_dir(folder, input_names=info.input_names)
     providers = choose_providers("auto", tensorrt=False)  # CUDA where there is one, else CPU

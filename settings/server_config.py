@@ -12,9 +12,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from engines import ENGINE_TYPES, PRECISIONS
-from engines.batching import BATCHING_MODES
 from protocol import DEFAULT_MAX_FRAME_SIZE
 from protocol.messages import FieldLimits
+from scheduling.planner import BATCHING_MODES
 from settings.cli import HelpFormatter
 
 

@@ -82,7 +82,7 @@ class Reference:
 
     def __init__(self, model_dir: Path, **qa_options: Any) -> None:
         from engines import load_engine
-        from engines.qa import QAConfig, QATask
+        from tasks.qa import QAConfig, QATask
 
         self.task = QATask.from_dir(model_dir, QAConfig(**qa_options))
         self.engine = load_engine("onnx", model_dir, threads=1)

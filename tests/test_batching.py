@@ -12,10 +12,10 @@ import pytest
 
 from engines import load_engine
 from engines.base import Engine
-from engines.batching import DeadlineReaper, WorkItem, WorkQueue
-from engines.qa import QATask
-from engines.session import InferenceSession
 from protocol.errors import DeadlineExceeded, EngineError, Overloaded, ServerError, ShuttingDown
+from scheduling.queue import DeadlineReaper, WorkItem, WorkQueue
+from scheduling.session import InferenceSession
+from tasks.qa import QATask
 
 
 def item(tag: Any, replies: list | None = None, alive: bool = True) -> WorkItem:

@@ -18,8 +18,8 @@ from broker.connect import GROUP
 from broker.local_server import RedisServer
 from broker.wire import decode_reply, encode_work
 from client import Client
-from engines.rows import EngineRows
 from protocol import DeadlineExceeded, Overloaded, Unavailable, encode_frame, qa_request
+from tasks.rows import EngineRows
 from tests.broker_fixtures import (
     front_end,
     heartbeats,

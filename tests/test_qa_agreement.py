@@ -21,8 +21,8 @@ from transformers import (
     pipeline,
 )
 
-from engines.qa import QAConfig, QATask
 from protocol.errors import BadRequest
+from tasks.qa import QAConfig, QATask
 
 SEEDS = (0, 1, 2)
 #: (max_seq_len, doc_stride) given to both sides; None means both use their defaults.

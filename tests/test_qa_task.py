@@ -22,8 +22,8 @@ from transformers import (
     DistilBertForQuestionAnswering,
 )
 
-from engines.qa import QAConfig, QAFeatures, QATask, QATokenizer
 from protocol.errors import BadRequest
+from tasks.qa import QAConfig, QAFeatures, QATask, QATokenizer
 
 WORDS = ("the river bridge market tower king queen north south old new city built sold "
          "bought 1999 1850 Zoë élan Köln unbelievably hyperparameterization , . ;").split()
@@ -202,7 +202,7 @@ def test_best_span_follows_the_logits(task: QATask) -> None:
 
 
 def test_fast_span_search_picks_what_the_full_score_matrix_picks() -> None:
-    from engines.qa_answers import top_band_spans, top_matrix_spans
+    from tasks.qa_answers import top_band_spans, top_matrix_spans
 
     rng = np.random.default_rng(0)
     used = 0

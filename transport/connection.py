@@ -17,10 +17,10 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
-from engines.batching import Responder
 from protocol import FrameDecoder, encode_frame, error_reply, ok_reply, parse_request
 from protocol.errors import FrameTimeout, IdleTimeout, InternalError, ProtocolError, ServerError
 from protocol.messages import QARequest, Request, op_name
+from scheduling.queue import Responder
 from telemetry.stats import ServerStats
 from transport.closing import DELIVERY_POLL_S, delivered, shut_write
 from transport.coalesce import holding

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from engines.batching import Responder, WorkItem
+from scheduling.queue import Responder, WorkItem
 from telemetry.stats import ServerStats
 
 

@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Any
 
-from engines.batching import WorkItem
+from scheduling.queue import WorkItem
 
 #: A worker's states: loading its model, taking work, or gone (being restarted, or stopped).
 STATES = ("starting", "serving", "lost")

@@ -12,14 +12,15 @@ from typing import Any
 
 from engines import load_engine
 from engines.base import Engine
-from engines.batching import BatchPolicy, DeadlineReaper, Responder, WorkItem, WorkQueue
-from engines.cost_model import CostModel
 from engines.model_dir import ModelInfo
-from engines.pool import SessionPool
-from engines.qa import QAConfig, QATask
-from engines.session import BatchTask, InferenceSession
 from protocol.errors import ShuttingDown
+from scheduling.cost_model import CostModel
+from scheduling.planner import BatchPolicy
+from scheduling.pool import SessionPool
+from scheduling.queue import DeadlineReaper, Responder, WorkItem, WorkQueue
+from scheduling.session import BatchTask, InferenceSession
 from settings.server_config import ServerConfig
+from tasks.qa import QAConfig, QATask
 from telemetry.stats import ServerStats
 
 log = logging.getLogger(__name__)

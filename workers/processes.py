@@ -29,10 +29,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from engines.batching import DeadlineReaper, Responder, WorkItem, WorkQueue
 from engines.model_dir import ModelInfo
-from engines.pool import BACKOFF_S
 from protocol.errors import ShuttingDown, WorkerLost, error_for_code
+from scheduling.pool import BACKOFF_S
+from scheduling.queue import DeadlineReaper, Responder, WorkItem, WorkQueue
 from settings.server_config import ServerConfig
 from telemetry.stats import ServerStats
 from transport.coalesce import coalesced_sends

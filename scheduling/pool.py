@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from engines.base import Engine
-from engines.session import InferenceSession
+from scheduling.session import InferenceSession
 
 log = logging.getLogger(__name__)
 

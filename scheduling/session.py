@@ -11,8 +11,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from engines.base import Engine
-from engines.batching import MIN_GAIN, BatchPolicy, WorkItem, WorkQueue
 from protocol.errors import EngineError, InternalError
+from scheduling.planner import MIN_GAIN, BatchPolicy
+from scheduling.queue import WorkItem, WorkQueue
 from telemetry.stats import ServerStats
 from transport.coalesce import coalesced_sends
 
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 class BatchTask(Protocol):
-    """What a session needs from a task (engines.qa.QATask satisfies it)."""
+    """What a session needs from a task (tasks.qa.QATask satisfies it)."""
 
     def collate(self, batch: Sequence[Any]) -> dict[str, Any]: ...
 

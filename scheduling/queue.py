@@ -1,20 +1,9 @@
-"""The shared, bounded, thread-safe work queue, and how a free session forms its next batch.
+"""The shared, bounded, thread-safe work queue that sessions take their batches from.
 
 Pure threading: it knows no sockets and no models. Producers ``put`` work items; a full queue
 refuses at once with ``Overloaded`` (memory stays bounded, the client learns it now, not later).
 A session calls ``take_batch``, which blocks, without polling, until work is waiting, then forms a
-batch according to a ``BatchPolicy``:
-
-* the oldest waiting request is always in the batch, so nothing starves;
-* the rest come from a bounded look-ahead, similar padded lengths first, then by arrival;
-* caps: ``max_items`` requests and ``max_tokens`` (rows x padded length) per batch;
-* ``auto`` adds a request only if the cost model predicts that adding it costs no more than
-  running it on its own, and keeps a batch only if it is at least MIN_GAIN cheaper than running
-  its requests one by one (so on hardware where batching does not pay it serves batch 1); ``fixed`` fills up to the
-  caps; ``off`` takes one request;
-* the queue delay (from the oldest request's arrival) is spent only when waiting can help: a
-  bigger batch would be cheaper per request, other sessions are busy (real load), and requests are
-  arriving fast enough that one is expected before the delay runs out.
+batch according to a ``BatchPolicy`` (scheduling/planner.py, pure functions).
 
 Items may carry a deadline: a ``DeadlineReaper`` thread sleeps until the earliest one and answers
 every item still queued past its deadline with ``DeadlineExceeded``, whether or not a session is
@@ -35,14 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engines.cost_model import CostModel
 from protocol.errors import DeadlineExceeded, Overloaded, ServerError, ShuttingDown
+from scheduling.planner import BatchPolicy, plan_batch, wait_for_more
 
 log = logging.getLogger(__name__)
 
 #: Called exactly once per work item: (result, None) on success or (None, error) on failure.
 Responder = Callable[[dict[str, Any] | None, ServerError | None], None]
-BATCHING_MODES = ("auto", "fixed", "off")
 
 
 @dataclass(eq=False, kw_only=True)
@@ -79,29 +67,6 @@ class WorkItem:
         budget = 1000 * ((self.deadline or now) - self.enqueued_at)
         return DeadlineExceeded(f"deadline of {budget:.0f} ms passed after "
                                 f"{1000 * (now - self.enqueued_at):.0f} ms in the queue; not run")
-
-
-@dataclass(frozen=True, kw_only=True)
-class BatchPolicy:
-    """How a free session forms its next batch (see the module docstring)."""
-
-    mode: str = "auto"
-    max_items: int = 32
-    max_tokens: int | None = None
-    max_delay_s: float = 0.0
-    lookahead: int = 128
-    cost: CostModel | None = None
-
-    def __post_init__(self) -> None:
-        if self.mode not in BATCHING_MODES:
-            raise ValueError(f"batching mode must be one of {BATCHING_MODES}, got {self.mode!r}")
-        if self.max_items < 1 or self.lookahead < 1:
-            raise ValueError("max_items and lookahead must be at least 1")
-
-    @property
-    def cap(self) -> int:
-        """Most requests per batch under this policy."""
-        return 1 if self.mode == "off" else self.max_items
 
 
 class WorkQueue:
@@ -196,41 +161,14 @@ class WorkQueue:
             self._busy -= 1
 
     def _plan(self, policy: BatchPolicy) -> list[WorkItem]:
-        oldest = self._items[0]
-        chosen, rows, length = [oldest], oldest.rows, oldest.length
-        others = list(itertools.islice(self._items, 1, policy.lookahead))
-        others.sort(key=lambda item: abs(item.length - oldest.length))  # stable: FIFO among equals
-        for item in others:
-            if len(chosen) >= policy.cap:
-                break
-            new_rows, new_length = rows + item.rows, max(length, item.length)
-            if policy.max_tokens and new_rows * new_length > policy.max_tokens:
-                continue
-            if policy.mode == "auto" and not _cheaper_together(
-                    policy.cost, (rows, length), [(item.rows, item.length)], 0.0):
-                continue  # adding it costs more than running it on its own
-            chosen.append(item)
-            rows, length = new_rows, new_length
-        if policy.mode == "auto" and len(chosen) > 1 and not _cheaper_together(
-                policy.cost, None, [(i.rows, i.length) for i in chosen], MIN_GAIN):
-            return [oldest]  # not clearly cheaper than running them one by one
-        return chosen
+        return plan_batch(self._items, policy)
 
     def _worth_waiting(self, policy: BatchPolicy, chosen: list[WorkItem]) -> float:
         """Seconds left to wait for a bigger batch, or 0 to run ``chosen`` now."""
-        if self._closed or policy.max_delay_s <= 0 or len(chosen) >= policy.cap:
+        if self._closed:
             return 0.0
-        if len(chosen) < len(self._items) or self._busy == 0:
-            return 0.0  # the caps or costs already refused waiting work, or no real load
-        left = chosen[0].enqueued_at + policy.max_delay_s - time.monotonic()
-        if left <= 0 or self._arrival_rate() * left < 1.0:
-            return 0.0
-        if policy.mode == "auto":
-            rows, length = sum(i.rows for i in chosen), max(i.length for i in chosen)
-            like_oldest = (chosen[0].rows, chosen[0].length)
-            if not _cheaper_together(policy.cost, (rows, length), [like_oldest], MIN_GAIN):
-                return 0.0  # one more such request would not be clearly cheaper in the batch
-        return left
+        return wait_for_more(policy, chosen, len(self._items), self._busy,
+                             self._arrival_rate(), time.monotonic())
 
     def _arrival_rate(self) -> float:
         """Requests per second over the recent arrivals."""
@@ -339,24 +277,3 @@ class DeadlineReaper(threading.Thread):
             now = time.monotonic()
             for item in expired:
                 item.answer(None, item.deadline_error(now))
-
-
-#: Smallest predicted saving of a batch over running its requests one by one, for auto to batch
-#: at all: ties and noise keep batch 1, the safe choice where batching does not pay.
-MIN_GAIN = 0.05
-
-
-def _cheaper_together(cost: CostModel | None, batch: tuple[int, int] | None,
-                      extra: list[tuple[int, int]], gain: float) -> bool:
-    """Whether running ``batch`` (rows, padded length; None for empty) together with the
-    ``extra`` requests, each (rows, length), is predicted at least ``gain`` cheaper than running
-    the batch and then each extra request on its own. Throughput is what counts: requests of
-    different sizes are compared by what they cost, not by their number."""
-    if cost is None:
-        return False
-    shapes = ([batch] if batch else []) + extra
-    together = cost.estimate(sum(r for r, _ in shapes), max(n for _, n in shapes))
-    apart = [cost.estimate(r, n) for r, n in shapes]
-    if together is None or None in apart:
-        return False
-    return together <= (1 - gain) * sum(apart)  # type: ignore[arg-type]

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engines.qa_answers import best_answer
-from engines.qa_features import QAFeatures, build_features
-from engines.qa_tokenizer import QATokenizer
-from engines.qa_windows import ContextWindows, check_question_room
-from engines.rows import split_rows, stack_rows
 from protocol.errors import BadRequest
+from tasks.qa_answers import best_answer
+from tasks.qa_features import QAFeatures, build_features
+from tasks.qa_tokenizer import QATokenizer
+from tasks.qa_windows import ContextWindows, check_question_room
+from tasks.rows import split_rows, stack_rows
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast

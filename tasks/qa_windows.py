@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from engines.qa_features import ContextSpans, QAFeatures, assemble
-from engines.qa_tokenizer import SPLIT_ONLY_PRE_TOKENIZERS, QATokenizer, made_of
 from protocol.errors import BadRequest
+from tasks.qa_features import ContextSpans, QAFeatures, assemble
+from tasks.qa_tokenizer import SPLIT_ONLY_PRE_TOKENIZERS, QATokenizer, made_of
 
 # Normalizers that, on ASCII text without control characters, do at most lower-case it.
 _ASCII_NOOP_NORMALIZERS = frozenset({"NFC", "NFD", "NFKC", "NFKD", "StripAccents"})

@@ -19,8 +19,8 @@ from typing import Protocol
 import numpy as np
 from tokenizers import Encoding
 
-from engines.rows import RowShape
 from protocol.errors import BadRequest
+from tasks.rows import RowShape
 
 
 @dataclass(frozen=True, slots=True, eq=False)  # arrays: compare by identity

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from engines.qa_features import QAFeatures, WindowSpans
+from tasks.qa_features import QAFeatures, WindowSpans
 
 TOP_K = 1  # answers per request
 MASKED_LOGIT = np.float32(-10000.0)  # logit given to tokens that cannot be part of an answer

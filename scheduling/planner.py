@@ -1,0 +1,124 @@
+"""How a free session forms its next batch: pure functions of what is waiting, no threads.
+
+* the oldest waiting request is always in the batch, so nothing starves;
+* the rest come from a bounded look-ahead, similar padded lengths first, then by arrival;
+* caps: ``max_items`` requests and ``max_tokens`` (rows x padded length) per batch;
+* ``auto`` adds a request only if the cost model predicts that adding it costs no more than
+  running it on its own, and keeps a batch only if it is at least MIN_GAIN cheaper than running
+  its requests one by one (so on hardware where batching does not pay it serves batch 1);
+  ``fixed`` fills up to the caps; ``off`` takes one request;
+* the queue delay (from the oldest request's arrival) is spent only when waiting can help: a
+  bigger batch would be cheaper per request, other sessions are busy (real load), and requests
+  are arriving fast enough that one is expected before the delay runs out.
+
+scheduling/queue.py calls these under its lock; tests call them on plain lists.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from scheduling.cost_model import CostModel
+
+BATCHING_MODES = ("auto", "fixed", "off")
+#: Smallest predicted saving of a batch over running its requests one by one, for auto to batch
+#: at all: ties and noise keep batch 1, the safe choice where batching does not pay.
+MIN_GAIN = 0.05
+
+
+class Waiting(Protocol):
+    """What planning reads of a waiting request."""
+
+    rows: int
+    length: int
+    enqueued_at: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchPolicy:
+    """How a free session forms its next batch (see the module docstring)."""
+
+    mode: str = "auto"
+    max_items: int = 32
+    max_tokens: int | None = None
+    max_delay_s: float = 0.0
+    lookahead: int = 128
+    cost: CostModel | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in BATCHING_MODES:
+            raise ValueError(f"batching mode must be one of {BATCHING_MODES}, got {self.mode!r}")
+        if self.max_items < 1 or self.lookahead < 1:
+            raise ValueError("max_items and lookahead must be at least 1")
+
+    @property
+    def cap(self) -> int:
+        """Most requests per batch under this policy."""
+        return 1 if self.mode == "off" else self.max_items
+
+
+def plan_batch(waiting: Sequence[Waiting], policy: BatchPolicy) -> list:
+    """The batch to run now out of ``waiting`` (oldest first, not empty), under ``policy``."""
+    oldest = waiting[0]
+    chosen, rows, length = [oldest], oldest.rows, oldest.length
+    others = list(itertools.islice(waiting, 1, policy.lookahead))
+    others.sort(key=lambda item: abs(item.length - oldest.length))  # stable: FIFO among equals
+    for item in others:
+        if len(chosen) >= policy.cap:
+            break
+        new_rows, new_length = rows + item.rows, max(length, item.length)
+        if policy.max_tokens and new_rows * new_length > policy.max_tokens:
+            continue
+        if policy.mode == "auto" and not cheaper_together(
+                policy.cost, (rows, length), [(item.rows, item.length)], 0.0):
+            continue  # adding it costs more than running it on its own
+        chosen.append(item)
+        rows, length = new_rows, new_length
+    if policy.mode == "auto" and len(chosen) > 1 and not cheaper_together(
+            policy.cost, None, [(i.rows, i.length) for i in chosen], MIN_GAIN):
+        return [oldest]  # not clearly cheaper than running them one by one
+    return chosen
+
+
+def wait_for_more(policy: BatchPolicy, chosen: Sequence[Waiting], waiting: int, busy: int,
+                  arrival_rate: float, now: float) -> float:
+    """Seconds left to wait for a bigger batch than ``chosen``, or 0 to run it now.
+
+    Args:
+        waiting: Requests waiting in all (``chosen`` among them).
+        busy: Sessions running a batch now.
+        arrival_rate: Recent arrivals per second.
+        now: The monotonic clock now.
+    """
+    if policy.max_delay_s <= 0 or len(chosen) >= policy.cap:
+        return 0.0
+    if len(chosen) < waiting or busy == 0:
+        return 0.0  # the caps or costs already refused waiting work, or no real load
+    left = chosen[0].enqueued_at + policy.max_delay_s - now
+    if left <= 0 or arrival_rate * left < 1.0:
+        return 0.0
+    if policy.mode == "auto":
+        rows, length = sum(i.rows for i in chosen), max(i.length for i in chosen)
+        like_oldest = (chosen[0].rows, chosen[0].length)
+        if not cheaper_together(policy.cost, (rows, length), [like_oldest], MIN_GAIN):
+            return 0.0  # one more such request would not be clearly cheaper in the batch
+    return left
+
+
+def cheaper_together(cost: CostModel | None, batch: tuple[int, int] | None,
+                     extra: list[tuple[int, int]], gain: float) -> bool:
+    """Whether running ``batch`` (rows, padded length; None for empty) together with the
+    ``extra`` requests, each (rows, length), is predicted at least ``gain`` cheaper than running
+    the batch and then each extra request on its own. Throughput is what counts: requests of
+    different sizes are compared by what they cost, not by their number."""
+    if cost is None:
+        return False
+    shapes = ([batch] if batch else []) + extra
+    together = cost.estimate(sum(r for r, _ in shapes), max(n for _, n in shapes))
+    apart = [cost.estimate(r, n) for r, n in shapes]
+    if together is None or None in apart:
+        return False
+    return together <= (1 - gain) * sum(apart)  # type: ignore[arg-type]
