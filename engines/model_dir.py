@@ -45,6 +45,7 @@ class ModelInfo:
     model_name: str
     source: str
     input_names: list[str]
+    task: str = "qa"  # tasks/__init__.py: a built-in task's name, or "module:Class"
     output_names: list[str] = field(default_factory=lambda: ["start_logits", "end_logits"])
     meaningful: bool = True
     warning: str | None = None
@@ -54,6 +55,8 @@ class ModelInfo:
     onnx_opset: int = 17
     onnx_max_abs_diff: float | None = None
     fp16: dict[str, Any] | None = None  # engines/fp16.py: its file and its parity with fp32
+    labels: list[str] | None = None  # classify: the label of each logit, in order
+    embedding_dim: int | None = None  # embed: the length of each vector
     created: str = ""
     format: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)

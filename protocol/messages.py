@@ -10,17 +10,34 @@ function, one dataclass and one entry in that table.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
 from protocol.errors import BadRequest, ProtocolError, ServerError, error_for_code
+from protocol.fields import (
+    MAX_TIMEOUT_MS,
+    echo,
+    is_bool,
+    is_int,
+    is_map,
+    is_optional_int,
+    is_str,
+    is_timeout,
+    take,
+    take_text,
+    wire_type,
+)
 
 __all__ = [
     "REQUEST_PARSERS",
-    "FieldLimits",
+    "ClassifyRequest",
+    "EmbedRequest",
+    "ModelRequest",
+    "ModelsRequest",
     "PingRequest",
     "QARequest",
+    "TaskRequest",
     "StatsRequest",
     "Reply",
     "Request",
@@ -29,12 +46,15 @@ __all__ = [
     "op_name",
     "parse_reply",
     "parse_request",
+    "classify_request",
+    "embed_request",
+    "known_ops",
+    "model_request",
+    "models_request",
     "ping_request",
     "qa_request",
     "stats_request",
 ]
-
-_MAX_ECHO = 64  # longest client-supplied text echoed back inside an error message
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,6 +66,41 @@ class QARequest:
     question: str
     context: str
     timeout_ms: float | None = None  # None: the server's default deadline
+    model: str | None = None  # None: the server's only (or default) model
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EmbedRequest:
+    """Sentence embeddings: one L2-normalised vector per text."""
+
+    op: ClassVar[str] = "embed"
+    id: int
+    texts: tuple[str, ...]
+    timeout_ms: float | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClassifyRequest:
+    """Sequence classification: the label of one text, with every label's probability."""
+
+    op: ClassVar[str] = "classify"
+    id: int
+    text: str
+    timeout_ms: float | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TaskRequest:
+    """A request for an op no built-in task has (a plug-in task's, docs/tasks.md): its fields
+    are checked by the task that serves ``op``."""
+
+    op: str  # type: ignore[misc]
+    id: int
+    fields: dict[str, Any]
+    timeout_ms: float | None = None
+    model: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,6 +112,14 @@ class PingRequest:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ModelsRequest:
+    """The models served: name, task, op, inputs, and whether their outputs mean anything."""
+
+    op: ClassVar[str] = "models"
+    id: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StatsRequest:
     """The server's counters, timings and configuration; see docs/metrics.md."""
 
@@ -64,7 +127,9 @@ class StatsRequest:
     id: int
 
 
-Request: TypeAlias = QARequest | PingRequest | StatsRequest
+ModelRequest: TypeAlias = QARequest | EmbedRequest | ClassifyRequest | TaskRequest
+"""A request that runs a model (it is admitted, queued and batched)."""
+Request: TypeAlias = ModelRequest | PingRequest | StatsRequest | ModelsRequest
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,121 +157,47 @@ class Reply:
         return self.result
 
 
-# --------------------------------------------------------------------------- field checks
-
-
-def _wire_type(value: object) -> str:
-    """Name a value by its msgpack type, for error messages."""
-    if value is None:
-        return "nil"
-    for kind, name in ((bool, "bool"), (int, "int"), (float, "float"), (str, "str")):
-        if isinstance(value, kind):
-            return name
-    for kind, name in ((bytes, "bin"), (list, "array"), (tuple, "array"), (Mapping, "map")):
-        if isinstance(value, kind):
-            return name
-    return type(value).__name__
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_optional_int(value: object) -> bool:
-    return value is None or _is_int(value)
-
-
-def _is_str(value: object) -> bool:
-    return isinstance(value, str)
-
-
-#: Longest ``timeout_ms`` accepted: one day.
-MAX_TIMEOUT_MS = 86_400_000
-
-
-def _is_timeout(value: object) -> bool:
-    """A positive number of milliseconds up to MAX_TIMEOUT_MS, or nil."""
-    if value is None:
-        return True
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return is_number and 0 < value <= MAX_TIMEOUT_MS  # type: ignore[operator]
-
-
-def _is_bool(value: object) -> bool:
-    return isinstance(value, bool)
-
-
-def _is_map(value: object) -> bool:
-    return isinstance(value, Mapping)
-
-
-def _take(
-    obj: Mapping[Any, Any],
-    name: str,
-    check: Callable[[object], bool],
-    expected: str,
-    error: type[ServerError],
-    request_id: int | None,
-    prefix: str = "",
-) -> Any:
-    """Return ``obj[name]`` after checking it, or raise ``error`` naming the field."""
-    label = f"{prefix}{name}"
-    if name not in obj:
-        raise error(f"missing field {label!r}", request_id=request_id)
-    value = obj[name]
-    if not check(value):
-        message = f"field {label!r} must be {expected}, got {_wire_type(value)}"
-        raise error(message, request_id=request_id)
-    return value
-
-
-def _text(obj: Mapping[Any, Any], name: str, request_id: int) -> str:
-    """Return a required string field that is not empty or whitespace only."""
-    value: str = _take(obj, name, _is_str, "a string", BadRequest, request_id)
-    if not value.strip():
-        raise BadRequest(f"field {name!r} must not be empty", request_id=request_id)
-    return value
-
-
-def _echo(text: str) -> str:
-    """Quote client text for an error message, cut short so a reply never balloons."""
-    if len(text) > _MAX_ECHO:
-        text = text[:_MAX_ECHO] + "..."
-    return repr(text)
-
-
 # --------------------------------------------------------------------------- requests
 
 
-def _parse_qa(obj: Mapping[Any, Any], request_id: int) -> QARequest:
-    question = _text(obj, "question", request_id)
-    context = _text(obj, "context", request_id)
-    timeout_ms = None
+def _common(obj: Mapping[Any, Any], request_id: int) -> dict[str, Any]:
+    """The fields every model request may carry: ``timeout_ms`` and ``model``."""
+    out: dict[str, Any] = {"id": request_id, "timeout_ms": None, "model": None}
     if obj.get("timeout_ms") is not None:
-        timeout_ms = _take(obj, "timeout_ms", _is_timeout,
-                           f"a positive number of milliseconds up to {MAX_TIMEOUT_MS}",
-                           BadRequest, request_id)
-    return QARequest(id=request_id, question=question, context=context, timeout_ms=timeout_ms)
+        out["timeout_ms"] = take(obj, "timeout_ms", is_timeout,
+                                 f"a positive number of milliseconds up to {MAX_TIMEOUT_MS}",
+                                 BadRequest, request_id)
+    if obj.get("model") is not None:
+        out["model"] = take(obj, "model", is_str, "a string", BadRequest, request_id)
+    return out
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class FieldLimits:
-    """Caps on a ``qa`` request's text, in characters (Unicode code points); 0 means no cap.
+def _parse_qa(obj: Mapping[Any, Any], request_id: int) -> QARequest:
+    question = take_text(obj, "question", request_id)
+    context = take_text(obj, "context", request_id)
+    return QARequest(question=question, context=context, **_common(obj, request_id))
 
-    The names are the server options that set them, and the error message names the option.
-    """
 
-    max_question_chars: int = 1_000
-    max_context_chars: int = 100_000
+def _is_texts(value: object) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(item, str) and item.strip() for item in value)
 
-    def check(self, request: QARequest) -> None:
-        """Raise BadRequest naming the limit if ``request`` has a field over its cap."""
-        for name, text, option in (("question", request.question, "max_question_chars"),
-                                   ("context", request.context, "max_context_chars")):
-            limit = getattr(self, option)
-            if limit and len(text) > limit:
-                raise BadRequest(f"field {name!r} has {len(text)} characters; the limit is "
-                                 f"{limit} ({option})", request_id=request.id)
+
+def _parse_embed(obj: Mapping[Any, Any], request_id: int) -> EmbedRequest:
+    texts = take(obj, "texts", _is_texts, "a non-empty array of non-empty strings", BadRequest,
+                 request_id)
+    return EmbedRequest(texts=tuple(texts), **_common(obj, request_id))
+
+
+def _parse_classify(obj: Mapping[Any, Any], request_id: int) -> ClassifyRequest:
+    return ClassifyRequest(text=take_text(obj, "text", request_id), **_common(obj, request_id))
+
+
+def _parse_task(obj: Mapping[Any, Any], request_id: int, op: str) -> TaskRequest:
+    common = _common(obj, request_id)
+    fields = {k: v for k, v in obj.items()
+              if isinstance(k, str) and k not in ("id", "op", "timeout_ms", "model")}
+    return TaskRequest(op=op, fields=fields, **common)
 
 
 def _parse_ping(obj: Mapping[Any, Any], request_id: int) -> PingRequest:
@@ -217,56 +208,99 @@ def _parse_stats(obj: Mapping[Any, Any], request_id: int) -> StatsRequest:
     return StatsRequest(id=request_id)
 
 
+def _parse_models(obj: Mapping[Any, Any], request_id: int) -> ModelsRequest:
+    return ModelsRequest(id=request_id)
+
+
 RequestParser: TypeAlias = Callable[[Mapping[Any, Any], int], Request]
 
 REQUEST_PARSERS: dict[str, RequestParser] = {
     QARequest.op: _parse_qa,
+    EmbedRequest.op: _parse_embed,
+    ClassifyRequest.op: _parse_classify,
     PingRequest.op: _parse_ping,
     StatsRequest.op: _parse_stats,
+    ModelsRequest.op: _parse_models,
 }
 """Op name -> parser taking the request map and its already validated ``id``."""
 
 
-def parse_request(obj: object) -> Request:
+def parse_request(obj: object, task_ops: Collection[str] = ()) -> Request:
     """Validate one decoded request map and build its typed request.
 
     Fields this version does not know, and keys that are not strings, are ignored.
 
     Args:
         obj: The map decoded from a frame.
+        task_ops: The ops of the plug-in tasks served (docs/tasks.md), parsed as
+            :class:`TaskRequest`; any other op not built in is unknown.
 
     Returns:
-        A :class:`QARequest`, :class:`PingRequest` or :class:`StatsRequest`.
+        The typed request of its op.
 
     Raises:
         BadRequest: not a map, a missing or wrongly typed field, an unknown op, or an empty
             question or context. ``request_id`` is set whenever ``id`` itself was a valid int.
     """
     if not isinstance(obj, Mapping):
-        raise BadRequest(f"a request must be a map, got {_wire_type(obj)}")
-    request_id: int = _take(obj, "id", _is_int, "an int", BadRequest, None)
-    op: str = _take(obj, "op", _is_str, "a string", BadRequest, request_id)
+        raise BadRequest(f"a request must be a map, got {wire_type(obj)}")
+    request_id: int = take(obj, "id", is_int, "an int", BadRequest, None)
+    op: str = take(obj, "op", is_str, "a string", BadRequest, request_id)
     parser = REQUEST_PARSERS.get(op)
-    if parser is None:
-        known = ", ".join(sorted(REQUEST_PARSERS))
-        raise BadRequest(f"unknown op {_echo(op)} (known: {known})", request_id=request_id)
-    return parser(obj, request_id)
+    if parser is not None:
+        return parser(obj, request_id)
+    if op in task_ops:
+        return _parse_task(obj, request_id, op)
+    raise BadRequest(f"unknown op {echo(op)} (known: {known_ops(task_ops)})",
+                     request_id=request_id)
 
 
-def op_name(message: object) -> str:
+def known_ops(extra: Collection[str] = ()) -> str:
+    """The built-in ops and ``extra`` (served plug-in ops), for an "unknown op" message."""
+    return ", ".join(sorted({*REQUEST_PARSERS, *extra}))
+
+
+def op_name(message: object, task_ops: Collection[str] = ()) -> str:
     """A decoded request's op for counting: a known op's name, else "invalid"."""
     op = message.get("op") if isinstance(message, Mapping) else None
-    return op if isinstance(op, str) and op in REQUEST_PARSERS else "invalid"
+    known = isinstance(op, str) and (op in REQUEST_PARSERS or op in task_ops)
+    return op if known else "invalid"  # type: ignore[return-value]
+
+
+def model_request(request_id: int, op: str, fields: Mapping[str, Any],
+                  timeout_ms: float | None = None, model: str | None = None) -> dict[str, Any]:
+    """Build the wire map of a request of ``op`` with ``fields`` (``timeout_ms``: its deadline,
+    from admission; ``model``: which model serves it, None for the default)."""
+    message: dict[str, Any] = {"id": request_id, "op": op, **fields}
+    if timeout_ms is not None:
+        message["timeout_ms"] = timeout_ms
+    if model is not None:
+        message["model"] = model
+    return message
 
 
 def qa_request(request_id: int, question: str, context: str,
-               timeout_ms: float | None = None) -> dict[str, Any]:
-    """Build the wire map of a ``qa`` request (``timeout_ms``: its deadline, from admission)."""
-    message: dict[str, Any] = {"id": request_id, "op": QARequest.op, "question": question,
-                               "context": context}
-    if timeout_ms is not None:
-        message["timeout_ms"] = timeout_ms
-    return message
+               timeout_ms: float | None = None, model: str | None = None) -> dict[str, Any]:
+    """Build the wire map of a ``qa`` request."""
+    return model_request(request_id, QARequest.op, {"question": question, "context": context},
+                         timeout_ms, model)
+
+
+def embed_request(request_id: int, texts: list[str], timeout_ms: float | None = None,
+                  model: str | None = None) -> dict[str, Any]:
+    """Build the wire map of an ``embed`` request."""
+    return model_request(request_id, EmbedRequest.op, {"texts": list(texts)}, timeout_ms, model)
+
+
+def classify_request(request_id: int, text: str, timeout_ms: float | None = None,
+                     model: str | None = None) -> dict[str, Any]:
+    """Build the wire map of a ``classify`` request."""
+    return model_request(request_id, ClassifyRequest.op, {"text": text}, timeout_ms, model)
+
+
+def models_request(request_id: int) -> dict[str, Any]:
+    """Build the wire map of a ``models`` request."""
+    return {"id": request_id, "op": ModelsRequest.op}
 
 
 def ping_request(request_id: int) -> dict[str, Any]:
@@ -318,14 +352,14 @@ def parse_reply(obj: object) -> Reply:
             wrong type.
     """
     if not isinstance(obj, Mapping):
-        raise ProtocolError(f"a reply must be a map, got {_wire_type(obj)}")
-    reply_id: int | None = _take(obj, "id", _is_optional_int, "an int or nil", ProtocolError, None)
-    ok: bool = _take(obj, "ok", _is_bool, "a bool", ProtocolError, reply_id)
+        raise ProtocolError(f"a reply must be a map, got {wire_type(obj)}")
+    reply_id: int | None = take(obj, "id", is_optional_int, "an int or nil", ProtocolError, None)
+    ok: bool = take(obj, "ok", is_bool, "a bool", ProtocolError, reply_id)
     if ok:
-        result = _take(obj, "result", _is_map, "a map", ProtocolError, reply_id)
+        result = take(obj, "result", is_map, "a map", ProtocolError, reply_id)
         return Reply(id=reply_id, ok=True, result=dict(result), error=None)
-    body = _take(obj, "error", _is_map, "a map", ProtocolError, reply_id)
-    code: str = _take(body, "code", _is_str, "a string", ProtocolError, reply_id, "error.")
-    message: str = _take(body, "message", _is_str, "a string", ProtocolError, reply_id, "error.")
+    body = take(obj, "error", is_map, "a map", ProtocolError, reply_id)
+    code: str = take(body, "code", is_str, "a string", ProtocolError, reply_id, "error.")
+    message: str = take(body, "message", is_str, "a string", ProtocolError, reply_id, "error.")
     error = error_for_code(code, message, request_id=reply_id)
     return Reply(id=reply_id, ok=False, result=None, error=error)

@@ -13,7 +13,7 @@ from typing import Any
 
 from engines import ENGINE_TYPES, PRECISIONS
 from protocol import DEFAULT_MAX_FRAME_SIZE
-from protocol.messages import FieldLimits
+from protocol.limits import FieldLimits
 from scheduling.planner import BATCHING_MODES
 from settings.cli import HelpFormatter
 

@@ -19,7 +19,7 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -28,10 +28,14 @@ from tasks.qa_answers import best_answer
 from tasks.qa_features import QAFeatures, build_features
 from tasks.qa_tokenizer import QATokenizer
 from tasks.qa_windows import ContextWindows, check_question_room
-from tasks.rows import split_rows, stack_rows
+from tasks.rows import QA_OUTPUTS, split_rows, stack_rows
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
+
+    from engines.model_dir import ModelInfo
+    from protocol.messages import QARequest
+    from settings.server_config import ServerConfig
 
 __all__ = ["DEFAULT_INPUT_NAMES", "QAConfig", "QAFeatures", "QATask", "QATokenizer"]
 
@@ -67,7 +71,8 @@ class QAConfig:
 
 
 class QATask:
-    """Turns requests into engine inputs and engine outputs into answers.
+    """Turns requests into engine inputs and engine outputs into answers (tasks/base.py's
+    ``Task`` for ``qa`` requests).
 
     ``preprocess`` may run on several threads at once: it encodes with private copies of the
     Rust tokenizer, configured here once and never changed afterwards.
@@ -85,6 +90,11 @@ class QATask:
     Raises:
         ValueError: Slow or left-padding tokenizer, unknown input name, or unusable config.
     """
+
+    name: ClassVar[str] = "qa"
+    op: ClassVar[str] = "qa"
+    fields: ClassVar[Mapping[str, str]] = {"question": "string", "context": "string"}
+    output_names: tuple[str, ...] = QA_OUTPUTS
 
     def __init__(self, tokenizer: QATokenizer | PreTrainedTokenizerFast,
                  config: QAConfig = QAConfig(),
@@ -111,6 +121,25 @@ class QATask:
         # context tokens, so it needs no encode of its own to be checked.
         self._short_ascii_question = (config.max_seq_len - self._specials - config.doc_stride - 1
                                       if tokenizer.ascii_tokens_at_most_chars() else -1)
+
+    @classmethod
+    def from_model(cls, model_dir: str | Path, info: ModelInfo, config: ServerConfig) -> QATask:
+        """The task for a prepared model folder, as the server's settings say."""
+        no_answer = info.squad2 if config.no_answer == "auto" else config.no_answer == "on"
+        qa = QAConfig(max_seq_len=min(config.max_seq_len, info.max_seq_len),
+                      doc_stride=config.doc_stride, max_answer_len=config.max_answer_len,
+                      handle_impossible_answer=no_answer)
+        return cls.from_dir(model_dir, qa, input_names=info.input_names,
+                            length_buckets=config.bucket_lengths())
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest window."""
+        return self.config.max_seq_len
+
+    def features(self, request: QARequest) -> QAFeatures:
+        """``preprocess`` of a ``qa`` request's question and context."""
+        return self.preprocess(request.question, request.context)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, config: QAConfig | None = None,

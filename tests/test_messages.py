@@ -23,9 +23,9 @@ from protocol.errors import (
     TooManyConnections,
     UnknownServerError,
 )
+from protocol.limits import FieldLimits
 from protocol.messages import (
     REQUEST_PARSERS,
-    FieldLimits,
     PingRequest,
     QARequest,
     Reply,
@@ -84,7 +84,7 @@ def test_requests_are_frozen_and_carry_their_op() -> None:
     with pytest.raises(AttributeError):
         request.id = 2  # type: ignore[misc]
     assert QARequest.op == "qa" and PingRequest.op == "ping"
-    assert set(REQUEST_PARSERS) == {"qa", "ping", "stats"}
+    assert set(REQUEST_PARSERS) == {"qa", "embed", "classify", "ping", "stats", "models"}
 
 
 def test_unknown_fields_are_ignored() -> None:
