@@ -1,4 +1,8 @@
-"""The engine contract: numpy tensors in, numpy tensors out, batch dimension first."""
+"""The engine contract: numpy tensors in, numpy tensors out, batch dimension first.
+
+What an engine returns depends on the model folder's task (serving.json's ``task`` and
+``output_names``): ``TASK_OUTPUT_NAMES`` lists the built-in tasks' outputs.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +13,20 @@ import numpy as np
 
 #: Output tensor names every QA engine produces, in this order.
 QA_OUTPUT_NAMES: tuple[str, str] = ("start_logits", "end_logits")
+#: The engine outputs of each built-in task's models, in order: ``qa``: ``[rows, seq_len]``
+#: logits each; ``embed``: ``[rows, dim]`` L2-normalised vectors; ``classify``: ``[rows, labels]``
+#: logits.
+TASK_OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
+    "qa": QA_OUTPUT_NAMES, "embed": ("embeddings",), "classify": ("logits",)}
 
 
 class Engine(ABC):
     """A loaded model that runs one batch at a time.
 
     An engine is owned by one inference-session thread; it need not be thread-safe. Subclasses set
-    ``name`` (e.g. ``"onnx"``), ``device`` (e.g. ``"cpu"``, ``"cuda:0"``), ``input_names``, and
-    ``precision`` when it runs other than fp32.
+    ``name`` (e.g. ``"onnx"``), ``device`` (e.g. ``"cpu"``, ``"cuda:0"``), ``input_names``,
+    ``output_names`` (the model's, as serving.json names them; QA's by default) and ``precision``
+    when it runs other than fp32.
     """
 
     name: str = "engine"
@@ -33,7 +43,8 @@ class Engine(ABC):
             feeds: One int64 array of shape ``[rows, seq_len]`` per name in ``input_names``.
 
         Returns:
-            One float32 array of shape ``[rows, seq_len]`` per name in ``output_names``.
+            One float32 array per name in ``output_names``, ``rows`` first: ``[rows, seq_len]``
+            for QA logits, ``[rows, dim]`` for embeddings, ``[rows, labels]`` for class logits.
         """
 
     def close(self) -> None:

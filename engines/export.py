@@ -1,7 +1,9 @@
-"""Save a PyTorch QA model as a servable folder: weights, tokenizer, ONNX export, metadata.
+"""Save a PyTorch model as a servable folder: weights, tokenizer, ONNX export, metadata.
 
-Used by prepare_model.py and by the tests (which build tiny random models), so both go through the
-same code. Heavy imports (torch, onnxruntime) happen here only.
+One function per step, each taking the task (``qa``, ``embed`` or ``classify``; engines/
+task_models.py says what each task's model returns). Used by prepare_model.py and by the tests
+(which build tiny random models), so both go through the same code. Heavy imports (torch,
+onnxruntime) happen here only.
 """
 
 from __future__ import annotations
@@ -15,32 +17,27 @@ from typing import Any
 import numpy as np
 import torch
 
-from engines.base import QA_OUTPUT_NAMES
+from engines.base import TASK_OUTPUT_NAMES
 from engines.model_dir import ONNX_FILE, ModelInfo, save_model_info
+from engines.task_models import TaskOutputs
 
 log = logging.getLogger(__name__)
 
-#: Largest |ONNX - PyTorch| logit difference accepted by verify_onnx.
+#: Largest |ONNX - PyTorch| output difference accepted by verify_onnx.
 DEFAULT_TOLERANCE = 1e-3
+#: The longest QA window a folder offers by default (the pipeline's max_seq_len).
+QA_MAX_SEQ_LEN = 384
 
 _SAMPLE_PAIRS = [
     ("Who wrote the report?", "The report was written by Ada Lovelace in 1843."),
     ("Where is it?", "It sits on a shelf in the old library, next to the window, under a lamp."),
     ("¿Qué hora es?", "Son las tres y media de la tarde en Zúrich."),
 ]
-
-
-class _QAOutputs(torch.nn.Module):
-    """Wraps a HF QA model so it takes positional tensors and returns (start, end) logits."""
-
-    def __init__(self, model: torch.nn.Module, input_names: list[str]) -> None:
-        super().__init__()
-        self.model = model
-        self.input_names = input_names
-
-    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.model(**dict(zip(self.input_names, tensors)), return_dict=True)
-        return out.start_logits, out.end_logits
+_SAMPLE_TEXTS = [
+    "A short one.",
+    "It sits on a shelf in the old library, next to the window, under a lamp that hums.",
+    "Son las tres y media de la tarde en Zúrich.",
+]
 
 
 def model_input_names(model: torch.nn.Module, tokenizer: Any) -> list[str]:
@@ -53,70 +50,140 @@ def model_input_names(model: torch.nn.Module, tokenizer: Any) -> list[str]:
     return [n for n in order if n in accepted and n in produced]
 
 
-def sample_feeds(tokenizer: Any, input_names: list[str]) -> dict[str, np.ndarray]:
-    """A small padded batch of real question/context pairs, as int64 numpy arrays."""
-    questions, contexts = zip(*_SAMPLE_PAIRS)
-    enc = tokenizer(list(questions), list(contexts), padding=True, return_tensors="np")
+def sample_feeds(tokenizer: Any, input_names: list[str], task: str = "qa") -> dict[str, np.ndarray]:
+    """A small padded batch of real inputs, as int64 numpy arrays: question/context pairs for
+    ``qa``, single texts of different lengths for the other tasks."""
+    if task == "qa":
+        questions, contexts = zip(*_SAMPLE_PAIRS, strict=True)
+        enc = tokenizer(list(questions), list(contexts), padding=True, return_tensors="np")
+    else:
+        enc = tokenizer(list(_SAMPLE_TEXTS), padding=True, return_tensors="np")
     return {name: enc[name].astype(np.int64) for name in input_names}
 
 
+def output_axes(task: str) -> dict[str, dict[int, str]]:
+    """The dynamic axes of a task's outputs: QA logits have a sequence axis, the others only
+    rows."""
+    if task == "qa":
+        return {name: {0: "batch", 1: "sequence"} for name in TASK_OUTPUT_NAMES[task]}
+    return {name: {0: "batch"} for name in TASK_OUTPUT_NAMES[task]}
+
+
 def export_onnx(model: torch.nn.Module, path: Path, input_names: list[str], opset: int,
-                feeds: dict[str, np.ndarray]) -> None:
-    """Export with dynamic batch and sequence axes (TorchScript exporter, deterministic)."""
-    wrapper = _QAOutputs(model, input_names).eval()
+                feeds: dict[str, np.ndarray], task: str = "qa") -> None:
+    """Export ``task``'s outputs (engines/task_models.py) with dynamic batch and sequence axes
+    (TorchScript exporter, deterministic)."""
+    wrapper = TaskOutputs(model, task, input_names).eval()
     args = tuple(torch.from_numpy(feeds[n]) for n in input_names)
-    axes = {n: {0: "batch", 1: "sequence"} for n in [*input_names, *QA_OUTPUT_NAMES]}
+    axes = {**{n: {0: "batch", 1: "sequence"} for n in input_names}, **output_axes(task)}
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            wrapper, args, str(path), input_names=input_names, output_names=list(QA_OUTPUT_NAMES),
-            dynamic_axes=axes, opset_version=opset, do_constant_folding=True, dynamo=False,
+            wrapper, args, str(path), input_names=input_names,
+            output_names=list(TASK_OUTPUT_NAMES[task]), dynamic_axes=axes, opset_version=opset,
+            do_constant_folding=True, dynamo=False,
         )
 
 
-def verify_onnx(model: torch.nn.Module, path: Path, feeds: dict[str, np.ndarray]) -> float:
-    """Largest absolute logit difference between ONNX Runtime (CPU) and PyTorch on ``feeds``.
+def torch_outputs(model: torch.nn.Module, feeds: dict[str, np.ndarray],
+                  task: str = "qa") -> list[np.ndarray]:
+    """``task``'s outputs of the PyTorch model on ``feeds``, in ``TASK_OUTPUT_NAMES`` order."""
+    wrapper = TaskOutputs(model, task, list(feeds)).eval()
+    with torch.inference_mode():
+        out = wrapper.named({k: torch.from_numpy(v) for k, v in feeds.items()})
+    return [value.float().numpy() for value in out]
 
-    Only positions under the attention mask are compared (padding logits are meaningless).
+
+def verify_onnx(model: torch.nn.Module, path: Path, feeds: dict[str, np.ndarray],
+                task: str = "qa") -> float:
+    """Largest absolute output difference between ONNX Runtime (CPU) and PyTorch on ``feeds``.
+
+    For ``qa`` only positions under the attention mask are compared (padding logits are
+    meaningless); the other tasks' outputs have one row per input row, all compared.
     """
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    onnx_out = session.run(list(QA_OUTPUT_NAMES), feeds)
-    with torch.inference_mode():
-        out = model(**{k: torch.from_numpy(v) for k, v in feeds.items()}, return_dict=True)
-    torch_out = [out.start_logits.numpy(), out.end_logits.numpy()]
-    mask = feeds["attention_mask"].astype(bool)
-    return float(max(np.abs(o - t)[mask].max() for o, t in zip(onnx_out, torch_out)))
+    onnx_out = session.run(list(TASK_OUTPUT_NAMES[task]), feeds)
+    expected = torch_outputs(model, feeds, task)
+    pairs = zip(onnx_out, expected, strict=True)
+    if task == "qa":
+        mask = feeds["attention_mask"].astype(bool)
+        return float(max(np.abs(o - t)[mask].max() for o, t in pairs))
+    return float(max(np.abs(o - t).max() for o, t in pairs))
+
+
+def task_metadata(model: torch.nn.Module, task: str,
+                  feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+    """What serving.json records for ``task`` beside the common fields: ``labels`` of a
+    classifier (its config's id2label, in logit order), ``embedding_dim`` of an embedder.
+
+    Raises:
+        ValueError: A task that is not built in.
+    """
+    if task not in TASK_OUTPUT_NAMES:
+        raise ValueError(f"cannot export task {task!r}; built in: {sorted(TASK_OUTPUT_NAMES)}")
+    extra: dict[str, Any] = {"task": task, "output_names": list(TASK_OUTPUT_NAMES[task])}
+    if task == "classify":
+        id2label = getattr(model.config, "id2label", None) or {}
+        count = int(model.config.num_labels)
+        extra["labels"] = [str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}")))
+                           for i in range(count)]
+    elif task == "embed":
+        extra["embedding_dim"] = int(torch_outputs(model, feeds, task)[0].shape[1])
+    return extra
+
+
+def longest_input(model: torch.nn.Module, tokenizer: Any, task: str,
+                  max_seq_len: int | None) -> int:
+    """The most tokens per row the folder offers: ``max_seq_len`` when given, else what the
+    tokenizer and the position embeddings allow (at most 384 for QA windows)."""
+    if max_seq_len is not None:
+        return max_seq_len
+    longest = int(min(getattr(tokenizer, "model_max_length", 512) or 512,
+                      getattr(model.config, "max_position_embeddings", 512)))
+    return min(QA_MAX_SEQ_LEN, longest) if task == "qa" else longest
 
 
 def export_model_dir(model: torch.nn.Module, tokenizer: Any, out_dir: str | Path, *,
-                     model_name: str, source: str, meaningful: bool = True,
+                     model_name: str, source: str, task: str = "qa", meaningful: bool = True,
                      warning: str | None = None, squad2: bool = False, opset: int = 17,
-                     tolerance: float = DEFAULT_TOLERANCE) -> ModelInfo:
+                     tolerance: float = DEFAULT_TOLERANCE,
+                     max_seq_len: int | None = None) -> ModelInfo:
     """Write a complete servable folder and return its metadata.
 
+    Args:
+        model: For ``qa`` a QA model, for ``embed`` an encoder (``AutoModel``; the export adds
+            mean pooling and L2 normalisation), for ``classify`` a sequence classifier.
+        task: ``qa``, ``embed`` or ``classify``.
+        squad2: QA only: "no answer" is on by default when serving it.
+        max_seq_len: The longest row the task may make (e.g. a sentence-transformers model's
+            ``max_seq_length``); None: see ``longest_input``.
+
     Raises:
-        ValueError: the ONNX export disagrees with PyTorch by more than ``tolerance``.
+        ValueError: an unknown task, or the ONNX export disagrees with PyTorch by more than
+            ``tolerance``.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = model.eval().to("cpu")
+    names = model_input_names(model, tokenizer)
+    feeds = sample_feeds(tokenizer, names, task)
+    extra = task_metadata(model, task, feeds)
     tokenizer.save_pretrained(out)
     model.save_pretrained(out, safe_serialization=True)
-    names = model_input_names(model, tokenizer)
-    feeds = sample_feeds(tokenizer, names)
-    export_onnx(model, out / ONNX_FILE, names, opset, feeds)
-    diff = verify_onnx(model, out / ONNX_FILE, feeds)
-    log.info("ONNX vs PyTorch: largest logit difference %.2e (tolerance %.0e)", diff, tolerance)
+    export_onnx(model, out / ONNX_FILE, names, opset, feeds, task)
+    diff = verify_onnx(model, out / ONNX_FILE, feeds, task)
+    log.info("ONNX vs PyTorch: largest %s difference %.2e (tolerance %.0e)",
+             "logit" if task != "embed" else "embedding", diff, tolerance)
     if not diff <= tolerance:
         raise ValueError(f"ONNX export differs from PyTorch by {diff:.3e} > {tolerance:.0e}")
-    max_len = int(min(getattr(tokenizer, "model_max_length", 512) or 512,
-                      getattr(model.config, "max_position_embeddings", 512)))
     info = ModelInfo(
         model_name=model_name, source=source, input_names=names, meaningful=meaningful,
-        warning=warning, squad2=squad2, max_seq_len=min(384, max_len), onnx_opset=opset,
+        warning=warning, squad2=squad2 and task == "qa",
+        max_seq_len=longest_input(model, tokenizer, task, max_seq_len), onnx_opset=opset,
         onnx_max_abs_diff=diff, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **extra,
     )
     save_model_info(out, info)
     return info

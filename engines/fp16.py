@@ -3,9 +3,12 @@
 ``export_fp16`` fuses the graph with ONNX Runtime's transformer optimizer (attention, layer norm,
 GELU, embeddings: the fusions that need no GPU to find), converts the weights and arithmetic to
 float16 with float32 inputs and outputs, and writes ``model_fp16.onnx`` beside ``model.onnx``.
-It then serves both through the QA task on the evaluation cases (the request mix shipped in
-bench/data, else a few built-in pairs) and records in serving.json how often the answers agree,
-the largest logit difference, and where it checked. On a GPU machine the check runs on CUDA, in
+It then serves both through the folder's task on the evaluation cases (the request mix shipped
+in bench/data, else a few built-in pairs) and records in serving.json how often the answers
+agree, the largest output difference, and where it checked. A QA answer agrees when its text,
+start and end are the same; an embedding when its cosine similarity to fp32's is at least
+``MIN_EMBED_COSINE``; a classification when its label is the same. The text tasks take each
+question and each context of the cases as one text. On a GPU machine the check runs on CUDA, in
 float16 arithmetic. On the CPU it still runs, but ONNX Runtime's CPU provider computes most of
 the fused float16 operators in float32 between casts, so there it checks the rounding of the
 weights more than float16 arithmetic.
@@ -15,12 +18,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from engines.base import QA_OUTPUT_NAMES
+from engines.base import TASK_OUTPUT_NAMES
 from engines.model_dir import ModelInfo, load_model_info, save_model_info
 
 log = logging.getLogger(__name__)
@@ -28,6 +32,8 @@ log = logging.getLogger(__name__)
 FP16_FILE = "model_fp16.onnx"
 #: Share of evaluation answers the fp16 model must give exactly as the fp32 one.
 MIN_AGREEMENT = 0.99
+#: Least cosine similarity between an fp16 embedding and the fp32 one for them to agree.
+MIN_EMBED_COSINE = 0.999
 EVALUATION_FILE = Path(__file__).resolve().parent.parent / "bench" / "data" / "qa_pairs.jsonl"
 _BUILT_IN_CASES = [
     ("Who wrote the report?", "The report was written by Ada Lovelace in 1843."),
@@ -56,12 +62,17 @@ def export_fp16(model_dir: str | Path, min_agreement: float = MIN_AGREEMENT,
     Raises:
         Fp16ParityError: fewer than ``min_agreement`` of the answers agree (the fp16 file is
             removed again and serving.json is left as it was).
+        ValueError: the folder's task is not built in (nothing to check a plug-in's answers
+            with).
     """
     folder = Path(model_dir)
     info = load_model_info(folder)
+    if info.task not in TASK_OUTPUT_NAMES:
+        raise ValueError(f"--fp16 checks the built-in tasks {sorted(TASK_OUTPUT_NAMES)}, not "
+                         f"{info.task!r}")
     _convert(folder / info.onnx_file, folder / FP16_FILE)
     parity = check_parity(folder, info, cases if cases is not None else evaluation_cases())
-    log.info("fp16 vs fp32: %d of %d answers agree (%.1f%%); largest logit difference %.3g",
+    log.info("fp16 vs fp32: %d of %d answers agree (%.1f%%); largest output difference %.3g",
              parity["agreeing"], parity["cases"], 100 * parity["agreement"],
              parity["max_abs_logit_diff"])
     if parity["agreement"] < min_agreement:
@@ -88,28 +99,72 @@ def _convert(source: Path, target: Path) -> None:
 
 def check_parity(folder: Path, info: ModelInfo, cases: list[tuple[str, str]]) -> dict[str, Any]:
     """Answers of the fp32 and fp16 exports on ``cases`` (on CUDA where there is one, else the
-    CPU): how many agree (same text, start and end), and the largest logit difference over real
-    tokens."""
+    CPU): how many agree, and the largest output difference (over real tokens for QA)."""
     import onnxruntime as ort
 
     from engines.onnx_providers import CUDA_PROVIDER, choose_providers, open_session
-    from tasks.qa import QATask
 
-    task = QATask.from_dir(folder, input_names=info.input_names)
     providers = choose_providers("auto", tensorrt=False)  # CUDA where there is one, else CPU
     sessions = [open_session(folder / name, ort.SessionOptions(), providers, "auto")[0]
                 for name in (info.onnx_file, FP16_FILE)]
+    names = list(info.output_names)
+
+    def run(feeds: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        return [dict(zip(names, s.run(names, feeds), strict=True)) for s in sessions]
+
+    compare = _qa_compare if info.task == "qa" else _text_compare
+    agreeing, largest, count = compare(folder, info, cases, run)
+    checked_on = "cuda" if CUDA_PROVIDER in sessions[1].get_providers() else "cpu"
+    return {"cases": count, "agreeing": agreeing, "checked_on": checked_on,
+            "agreement": agreeing / max(1, count), "max_abs_logit_diff": largest}
+
+
+_Runner = Callable[[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]
+
+
+def _qa_compare(folder: Path, info: ModelInfo, cases: list[tuple[str, str]],
+                run: _Runner) -> tuple[int, float, int]:
+    """(answers that agree, largest logit difference over real tokens, cases) for QA."""
+    from tasks.qa import QATask
+
+    task = QATask.from_dir(folder, input_names=info.input_names)
     agreeing, largest = 0, 0.0
     for question, context in cases:
         features = task.preprocess(question, context)
         feeds = task.collate([features])
-        full, half = (dict(zip(QA_OUTPUT_NAMES, s.run(list(QA_OUTPUT_NAMES), feeds)))
-                      for s in sessions)
+        full, half = run(feeds)
         real = feeds["attention_mask"].astype(bool)
         largest = max(largest, *(float(np.abs(full[n] - half[n])[real].max())
-                                 for n in QA_OUTPUT_NAMES))
+                                 for n in info.output_names))
         answers = [task.answer_batch([features], outputs)[0] for outputs in (full, half)]
         agreeing += all(answers[0][key] == answers[1][key] for key in ("answer", "start", "end"))
-    checked_on = "cuda" if CUDA_PROVIDER in sessions[1].get_providers() else "cpu"
-    return {"cases": len(cases), "agreeing": agreeing, "checked_on": checked_on,
-            "agreement": agreeing / max(1, len(cases)), "max_abs_logit_diff": largest}
+    return agreeing, largest, len(cases)
+
+
+def _text_compare(folder: Path, info: ModelInfo, cases: list[tuple[str, str]],
+                  run: _Runner) -> tuple[int, float, int]:
+    """(answers that agree, largest output difference, texts) for embed and classify: every
+    question and every context of ``cases`` is one text."""
+    from tasks.rows import stack_rows
+    from tasks.text import TextEncoder
+
+    encoder = TextEncoder.from_dir(folder, info.max_seq_len)
+    texts = [text for pair in cases for text in pair]
+    agreeing, largest = 0, 0.0
+    for text in texts:
+        features = encoder.encode([text])
+        feeds = stack_rows([features], info.input_names, encoder.pad_id, features.max_len)
+        full, half = run(feeds)
+        largest = max(largest, *(float(np.abs(full[n] - half[n]).max())
+                                 for n in info.output_names))
+        agreeing += _agree(info.task, full[info.output_names[0]][0],
+                           half[info.output_names[0]][0])
+    return agreeing, largest, len(texts)
+
+
+def _agree(task: str, full: np.ndarray, half: np.ndarray) -> bool:
+    """Whether one text's fp16 output agrees with fp32's (cosine for embed, label else)."""
+    if task == "embed":
+        cosine = float(np.dot(full, half) / (np.linalg.norm(full) * np.linalg.norm(half)))
+        return cosine >= MIN_EMBED_COSINE
+    return int(np.argmax(full)) == int(np.argmax(half))

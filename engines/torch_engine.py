@@ -1,4 +1,5 @@
-"""PyTorch engine: CUDA when present, else CPU; inference mode."""
+"""PyTorch engine: CUDA when present, else CPU; inference mode. It loads the folder's weights as
+its task needs them (engines/task_models.py) and returns the outputs serving.json names."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import AutoModelForQuestionAnswering
 
 from engines.base import Engine, check_outputs
 from engines.model_dir import load_model_info
+from engines.task_models import TaskOutputs, load_task_model
 
 # transformers' from_pretrained is not safe to run in several threads at once (it builds the model
 # on the "meta" device and materialises it; concurrent loads fail with "Cannot copy out of meta
@@ -61,7 +62,10 @@ class TorchEngine(Engine):
         device: "auto" (CUDA if available, else CPU), "cpu", "cuda" or "cuda:N".
         threads: CPU threads for torch (process-wide setting); 0 leaves torch's default.
         precision: "fp32", "fp16" (CUDA only) or "bf16" (CPU, and GPUs that have it); where
-            the device cannot, it says so and runs fp32. Logits come back as float32.
+            the device cannot, it says so and runs fp32. Outputs come back as float32.
+
+    Raises:
+        ValueError: The folder's task is not built in (a plug-in task runs on the onnx engine).
     """
 
     name = "pytorch"
@@ -74,10 +78,13 @@ class TorchEngine(Engine):
         if threads > 0:
             torch.set_num_threads(threads)
         with _LOAD_LOCK:
-            model = AutoModelForQuestionAnswering.from_pretrained(model_dir)
+            model = load_task_model(info.task, model_dir)
         self.precision = torch_precision(precision, self.torch_device)
-        self.model = model.eval().to(self.torch_device, dtype=_DTYPES[self.precision])
         self.input_names = tuple(info.input_names)
+        self.output_names = tuple(info.output_names)
+        self._config = model.config
+        self.model = TaskOutputs(model, info.task, list(self.input_names)).eval().to(
+            self.torch_device, dtype=_DTYPES[self.precision])
 
     @torch.inference_mode()
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -87,16 +94,14 @@ class TorchEngine(Engine):
                 self.torch_device, non_blocking=True)
             for name in self.input_names
         }
-        out = self.model(**tensors, return_dict=True)
-        outputs = {
-            "start_logits": out.start_logits.float().cpu().numpy(),
-            "end_logits": out.end_logits.float().cpu().numpy(),
-        }
+        values = self.model.named(tensors)
+        outputs = {name: value.float().cpu().numpy()
+                   for name, value in zip(self.output_names, values, strict=True)}
         check_outputs(tensors, outputs)
         return outputs
 
     def describe(self) -> str:
         """Engine, device and dtype, for logs."""
-        attention = getattr(self.model.config, "_attn_implementation", None) or "eager"
+        attention = getattr(self._config, "_attn_implementation", None) or "eager"
         return (f"pytorch {torch.__version__} on {self.device} ({self.precision}, {attention} "
                 f"attention, threads: {torch.get_num_threads()})")
