@@ -1,43 +1,48 @@
-"""Client for the QA inference server: a library (``Client``) and an interactive REPL.
+"""Client library for the inference server: one pipelined connection (``Client``).
 
-    python client.py                                   # REPL against 127.0.0.1:9999
-    python client.py --context_file article.txt        # REPL, starting with that text
+    python client.py                                   # the REPL against 127.0.0.1:9999
+    python client.py --model NAME                      # the REPL, with that served model
+    python client.py --context_file article.txt        # the REPL, starting with that text
     python client.py --question "Who?" --context "Bob went home."
+
+The REPL and the command line live in console/ (console/cli.py); ``python client.py`` runs them.
 
 Library use::
 
     from client import Client
     with Client("127.0.0.1", 9999) as c:
+        print(c.models())                                 # what the server serves
         print(c.answer("Who went home?", "Bob went home."))
+        vectors = c.embed(["a cat", "a dog"])             # one unit vector per text
+        print(c.classify("What a lovely day."))           # {label, score, scores}
         futures = [c.submit(q, ctx) for q in questions]   # pipelined on one connection
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import socket
 import sys
 import threading
-import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout  # the builtin from 3.11
-from pathlib import Path
 from typing import Any
 
-from console.text_input import read_text
 from protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     FrameDecoder,
     ProtocolError,
     ServerError,
     encode_frame,
+    models_request,
     parse_reply,
     ping_request,
-    qa_request,
     stats_request,
 )
-from settings.cli import HelpFormatter, shout
+from protocol.messages import model_request
+
+Result = dict[str, Any]
 
 
 class ConnectionLost(ConnectionError):
@@ -66,30 +71,34 @@ class Client:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._decoder = FrameDecoder(max_frame_size)
         self._ids = itertools.count(1)
-        self._pending: dict[int, Future[dict[str, Any]]] = {}
+        self._pending: dict[int, Future[Result]] = {}
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._closed: BaseException | None = None
         self._reader = threading.Thread(target=self._read_loop, name="client-reader", daemon=True)
         self._reader.start()
 
-    # -- requests ------------------------------------------------------------------------------
-    def submit(self, question: str, context: str, *,
-               timeout_ms: float | None = None) -> Future[dict[str, Any]]:
-        """Send a ``qa`` request now; the Future resolves to ``{answer, score, start, end}``.
+    # -- model requests ------------------------------------------------------------------------
+    def submit_op(self, op: str, fields: Mapping[str, Any], *, timeout_ms: float | None = None,
+                  model: str | None = None) -> Future[Result]:
+        """Send a request of any model op now (``qa``, ``embed``, ``classify`` or a plug-in
+        task's, whose fields the ``models`` op lists); the Future resolves to its result map.
 
         Args:
+            op: The op.
+            fields: The op's request fields (not ``id``, ``op``, ``timeout_ms`` or ``model``).
             timeout_ms: The request's deadline on the server, from admission: a request still
                 queued then fails with ``DeadlineExceeded`` and is never run. None: the server's
                 default (``--request_timeout_ms``).
+            model: The served model to run it (``models()`` names them). None: the only model
+                serving ``op``; where several do, the server answers ``BadRequest``.
         """
-        return self.request(lambda rid: qa_request(rid, question, context, timeout_ms))
+        return self.request(lambda rid: model_request(rid, op, fields, timeout_ms, model))
 
-    def answer(self, question: str, context: str, timeout: float | None = None) -> dict[str, Any]:
-        """Ask one question and wait for the answer.
-
-        With ``timeout``, the server gets the same deadline, so it does not run a request nobody
-        waits for any more.
+    def call(self, op: str, fields: Mapping[str, Any], *, model: str | None = None,
+             timeout: float | None = None) -> Result:
+        """``submit_op`` and wait for the result; with ``timeout`` (seconds) the server gets the
+        same deadline, so it does not run a request nobody waits for any more.
 
         Raises:
             ServerError: a subclass matching the server's error code (e.g. BadRequest,
@@ -98,17 +107,79 @@ class Client:
             TimeoutError: no reply within ``timeout`` seconds.
         """
         timeout_ms = None if timeout is None else 1000 * timeout
-        return self.wait(self.submit(question, context, timeout_ms=timeout_ms), timeout)
+        return self.wait(self.submit_op(op, fields, timeout_ms=timeout_ms, model=model), timeout)
 
-    def ping(self, timeout: float | None = None) -> dict[str, Any]:
+    def submit(self, question: str, context: str, *, timeout_ms: float | None = None,
+               model: str | None = None) -> Future[Result]:
+        """Send a ``qa`` request now; the Future resolves to ``{answer, score, start, end}``.
+        ``timeout_ms`` and ``model`` as for ``submit_op``."""
+        return self.submit_op("qa", {"question": question, "context": context},
+                              timeout_ms=timeout_ms, model=model)
+
+    def answer(self, question: str, context: str, timeout: float | None = None, *,
+               model: str | None = None) -> Result:
+        """Ask one question and wait for the answer ``{answer, score, start, end}``.
+
+        Raises:
+            As ``call``.
+        """
+        return self.call("qa", {"question": question, "context": context}, model=model,
+                         timeout=timeout)
+
+    def submit_embed(self, texts: Sequence[str], *, timeout_ms: float | None = None,
+                     model: str | None = None) -> Future[Result]:
+        """Send an ``embed`` request now; the Future resolves to the whole result map,
+        ``{"embeddings": [[float, ...], ...], "dim": int}``, one vector per text, in order."""
+        return self.submit_op("embed", {"texts": _text_list(texts)}, timeout_ms=timeout_ms,
+                              model=model)
+
+    def embed(self, texts: Sequence[str], model: str | None = None,
+              timeout: float | None = None) -> list[list[float]]:
+        """The embedding of each text, in order: L2-normalised vectors (so the dot product of
+        two is their cosine similarity), all of the model's ``dim``. ``submit_embed`` gives the
+        whole result map.
+
+        Raises:
+            TypeError: ``texts`` is one string, not a sequence of strings.
+            As ``call``.
+        """
+        result = self.call("embed", {"texts": _text_list(texts)}, model=model, timeout=timeout)
+        return result["embeddings"]
+
+    def submit_classify(self, text: str, *, timeout_ms: float | None = None,
+                        model: str | None = None) -> Future[Result]:
+        """Send a ``classify`` request now; the Future resolves to ``{label, score, scores}``."""
+        return self.submit_op("classify", {"text": text}, timeout_ms=timeout_ms, model=model)
+
+    def classify(self, text: str, model: str | None = None,
+                 timeout: float | None = None) -> Result:
+        """The label of ``text``: ``{"label": str, "score": float, "scores": {label: prob}}``
+        (``score`` is the label's probability; ``scores`` has every label's).
+
+        Raises:
+            As ``call``.
+        """
+        return self.call("classify", {"text": text}, model=model, timeout=timeout)
+
+    # -- control requests ----------------------------------------------------------------------
+    def models(self, timeout: float | None = None) -> list[Result]:
+        """The models the server serves, each ``{name, task, op, inputs: {field: description},
+        meaningful, ready}`` and ``warning`` where its outputs are not meaningful.
+
+        Raises:
+            BadRequest: a server older than the ``models`` op.
+        """
+        return self.wait(self.request(models_request), timeout)["models"]
+
+    def ping(self, timeout: float | None = None) -> Result:
         """Round trip to the server; returns its ping result (``pong``, ``ready``)."""
         return self.wait(self.request(ping_request), timeout)
 
-    def stats(self, timeout: float | None = None) -> dict[str, Any]:
+    def stats(self, timeout: float | None = None) -> Result:
         """The server's counters, timings and configuration (see docs/metrics.md)."""
         return self.wait(self.request(stats_request), timeout)
 
-    def wait(self, future: Future[dict[str, Any]], timeout: float | None) -> dict[str, Any]:
+    def wait(self, future: Future[Result], timeout: float | None) -> Result:
         """``future.result(timeout)``; on timeout, stop tracking the request (no leak) and raise
         TimeoutError."""
         try:
@@ -120,9 +191,9 @@ class Client:
                     del self._pending[rid]  # a late reply is then ignored
             raise
 
-    def request(self, build: Any) -> Future[dict[str, Any]]:
+    def request(self, build: Callable[[int], Result]) -> Future[Result]:
         """Send ``build(request_id)`` (a request map) and return the Future of its result."""
-        future: Future[dict[str, Any]] = Future()
+        future: Future[Result] = Future()
         with self._lock:
             if self._closed is not None:
                 raise ConnectionLost(f"connection to {self.address} is closed") from self._closed
@@ -198,167 +269,18 @@ class Client:
         self.close()
 
 
-def print_answer(result: dict[str, Any], elapsed_ms: float) -> None:
-    """Print one answer as the REPL shows it."""
-    answer = result["answer"] or "(no answer)"
-    print(f"  answer: {answer}")
-    print(f"  score: {result['score']:.4f}  span: [{result['start']}, {result['end']})  "
-          f"latency: {elapsed_ms:.1f} ms")
-
-
-REPL_HELP = ("Paste or type a text, then press Enter on an empty line; ask questions about it, one "
-             "per line.\nAn empty question asks for a new text. Ctrl+D quits.")
-TEXT_PROMPT = "\ntext (end with an empty line)> "
-QUESTION_PROMPT = "question (empty: new text)> "
-
-
-def model_warning(client: Client, timeout: float = 10.0) -> str | None:
-    """The server's warning if its model's answers are not meaningful (None if they are, or if
-    the server does not say)."""
-    try:
-        model = client.stats(timeout=timeout).get("model", {})
-    except (ServerError, ConnectionLost, FutureTimeout):
-        return None
-    if model.get("meaningful", True):
-        return None
-    return model.get("warning") or f"the answers of model {model.get('name')} are not meaningful"
-
-
-def repl(client: Client, context: str | None = None) -> None:
-    """Ask for a text, then answer questions about it until EOF (Ctrl+D) or Ctrl+C.
-
-    Args:
-        client: The connection to use (replaced by a fresh one if the server closes it).
-        context: The first text, if already known (``--context`` or ``--context_file``).
-    """
-    print(f"connected to {client.address[0]}:{client.address[1]} ({client.ping()})")
-    if warning := model_warning(client):
-        shout(warning)
-    print(REPL_HELP)
-    try:
-        while True:
-            text, context = context or read_text(TEXT_PROMPT), None
-            if not text:
-                print("  (empty text: paste or type a text, then press Enter on an empty line; "
-                      "Ctrl+D quits)")
-                continue
-            print(f"  ({len(text):,} characters)")
-            client = answer_questions(client, text)
-    except (EOFError, KeyboardInterrupt):
-        print()
-    except OSError as exc:
-        print(f"connection to {client.address[0]}:{client.address[1]} lost: {exc}")
-
-
-def answer_questions(client: Client, text: str) -> Client:
-    """Answer questions about ``text`` until an empty one; returns the client in use."""
-    while question := input(QUESTION_PROMPT).strip():
-        started = time.perf_counter()
-        try:
-            client, result = ask(client, question, text)
-        except ServerError as exc:
-            print(f"  error [{exc.code}]: {exc.message}")
-            continue
-        print_answer(result, (time.perf_counter() - started) * 1000)
-    return client
-
-
-def ask(client: Client, question: str, context: str) -> tuple[Client, dict[str, Any]]:
-    """Answer one question, reconnecting once if the server had closed the connection (it
-    closes idle ones); returns the client in use and the answer."""
-    try:
-        return client, client.answer(question, context)
-    except ConnectionLost:
-        client.close()
-        fresh = Client(*client.address)
-        return fresh, fresh.answer(question, context)
-
-
-def probe(client: Client, timeout: float) -> int:
-    """Print the ping result; 0 if the server says it is ready, else 1."""
-    try:
-        result = client.ping(timeout=timeout)
-    except (ServerError, ConnectionLost, FutureTimeout) as exc:
-        print(f"not ready: {exc!r}", file=sys.stderr)
-        return 1
-    print(result)
-    return 0 if result.get("ready") else 1
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options; the context comes back in ``args.context`` whichever flag gave it."""
-    p = argparse.ArgumentParser(
-        description="Ask the QA inference server questions. Without --question it starts the "
-        "interactive REPL: paste or type a text, then ask questions about it.",
-        formatter_class=HelpFormatter)
-    p.add_argument("--host", default="127.0.0.1", help="the server's address")
-    p.add_argument("--port", type=int, default=9999, help="the server's port")
-    p.add_argument("--address_file", help="read the server's HOST:PORT from this file, written "
-                   "by server.py --address_file once it serves (instead of --host and --port)")
-    p.add_argument("--question", help="answer this once and exit (needs --context or "
-                   "--context_file); without it, the REPL runs")
-    text = p.add_mutually_exclusive_group()
-    text.add_argument("--context", help="the text the question is about (REPL: the first text)")
-    text.add_argument("--context_file", help="read the text from this UTF-8 file, any length")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for an answer")
-    p.add_argument("--ready", action="store_true",
-                   help="health probe: exit 0 if the server is ready, 1 if not, 2 if unreachable")
-    args = p.parse_args(argv)
-    if args.context_file is not None:
-        try:
-            args.context = Path(args.context_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            p.error(f"cannot read --context_file: {exc}")
-    if args.question is not None and args.context is None:
-        p.error("--question needs --context or --context_file")
-    return args
-
-
-def one_shot(client: Client, question: str, context: str, timeout: float) -> int:
-    """Answer one question and print it; returns the exit status."""
-    if warning := model_warning(client, timeout):
-        shout(warning, sys.stderr)
-    started = time.perf_counter()
-    try:
-        result = client.answer(question, context, timeout=timeout)
-    except ServerError as exc:
-        print(f"error [{exc.code}]: {exc.message}", file=sys.stderr)
-        return 1
-    print_answer(result, (time.perf_counter() - started) * 1000)
-    return 0
-
-
-def read_address_file(path: str) -> tuple[str, int]:
-    """(host, port) from a server's ``--address_file``; a wildcard host means this machine.
-
-    Raises:
-        OSError: no such file (the server is not serving), or it does not hold HOST:PORT.
-    """
-    text = Path(path).read_text(encoding="utf-8").strip()
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise OSError(f"{path} holds {text!r}, not HOST:PORT")
-    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host), int(port)
+def _text_list(texts: Sequence[str]) -> list[str]:
+    """``texts`` as a list; one string is refused (it would be sent as its characters)."""
+    if isinstance(texts, str):
+        raise TypeError("texts must be a sequence of strings, not one string")
+    return list(texts)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; returns the exit status."""
-    args = parse_args(argv)
-    try:
-        if args.address_file is not None:
-            args.host, args.port = read_address_file(args.address_file)
-        client = Client(args.host, args.port)
-    except OSError as exc:
-        where = args.address_file or f"{args.host}:{args.port}"
-        print(f"cannot connect to {where}: {exc}", file=sys.stderr)
-        return 2
-    with client:
-        if args.ready:
-            return probe(client, args.timeout)
-        if args.question is None:
-            repl(client, args.context)
-            return 0
-        return one_shot(client, args.question, args.context, args.timeout)
+    """The command line (console/cli.py): the REPL, a one-shot question or a readiness probe."""
+    from console.cli import main as cli_main
+
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

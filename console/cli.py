@@ -1,0 +1,107 @@
+"""``python client.py``: the interactive REPL (console/repl.py), a one-shot question, or a
+readiness probe, against a running server."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from concurrent.futures import TimeoutError as FutureTimeout  # the builtin from 3.11
+from pathlib import Path
+
+from client import Client, ConnectionLost
+from console.catalog import model_warning
+from console.modes import print_answer
+from console.repl import repl
+from protocol import ServerError
+from settings.cli import HelpFormatter, shout
+
+
+def probe(client: Client, timeout: float) -> int:
+    """Print the ping result; 0 if the server says it is ready, else 1."""
+    try:
+        result = client.ping(timeout=timeout)
+    except (ServerError, ConnectionLost, FutureTimeout) as exc:
+        print(f"not ready: {exc!r}", file=sys.stderr)
+        return 1
+    print(result)
+    return 0 if result.get("ready") else 1
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options; the context comes back in ``args.context`` whichever flag gave it."""
+    p = argparse.ArgumentParser(
+        description="Use the inference server. Without --question it starts the interactive "
+        "REPL for the served model's task: qa (paste or type a text, then ask questions about "
+        "it), embed (two texts: their cosine similarity) or classify (a text: its label).",
+        formatter_class=HelpFormatter)
+    p.add_argument("--host", default="127.0.0.1", help="the server's address")
+    p.add_argument("--port", type=int, default=9999, help="the server's port")
+    p.add_argument("--address_file", help="read the server's HOST:PORT from this file, written "
+                   "by server.py --address_file once it serves (instead of --host and --port)")
+    p.add_argument("--model", help="the served model to use (the server's `models` op names "
+                   "them); without it: the only one, or, in the REPL, pick one when several")
+    p.add_argument("--question", help="answer this once and exit (needs --context or "
+                   "--context_file); without it, the REPL runs")
+    text = p.add_mutually_exclusive_group()
+    text.add_argument("--context", help="the text the question is about (REPL: the first text)")
+    text.add_argument("--context_file", help="read the text from this UTF-8 file, any length")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for an answer")
+    p.add_argument("--ready", action="store_true",
+                   help="health probe: exit 0 if the server is ready, 1 if not, 2 if unreachable")
+    args = p.parse_args(argv)
+    if args.context_file is not None:
+        try:
+            args.context = Path(args.context_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            p.error(f"cannot read --context_file: {exc}")
+    if args.question is not None and args.context is None:
+        p.error("--question needs --context or --context_file")
+    return args
+
+
+def one_shot(client: Client, question: str, context: str, timeout: float,
+             model: str | None = None) -> int:
+    """Answer one question and print it; returns the exit status."""
+    if warning := model_warning(client, "qa", model, timeout):
+        shout(warning, sys.stderr)
+    started = time.perf_counter()
+    try:
+        result = client.answer(question, context, timeout=timeout, model=model)
+    except ServerError as exc:
+        print(f"error [{exc.code}]: {exc.message}", file=sys.stderr)
+        return 1
+    print_answer(result, (time.perf_counter() - started) * 1000)
+    return 0
+
+
+def read_address_file(path: str) -> tuple[str, int]:
+    """(host, port) from a server's ``--address_file``; a wildcard host means this machine.
+
+    Raises:
+        OSError: no such file (the server is not serving), or it does not hold HOST:PORT.
+    """
+    text = Path(path).read_text(encoding="utf-8").strip()
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise OSError(f"{path} holds {text!r}, not HOST:PORT")
+    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host), int(port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit status (2: the server, or the model, is not there)."""
+    args = parse_args(argv)
+    try:
+        if args.address_file is not None:
+            args.host, args.port = read_address_file(args.address_file)
+        client = Client(args.host, args.port)
+    except OSError as exc:
+        where = args.address_file or f"{args.host}:{args.port}"
+        print(f"cannot connect to {where}: {exc}", file=sys.stderr)
+        return 2
+    with client:
+        if args.ready:
+            return probe(client, args.timeout)
+        if args.question is None:
+            return repl(client, args.context, args.model)
+        return one_shot(client, args.question, args.context, args.timeout, args.model)
