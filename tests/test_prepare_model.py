@@ -1,4 +1,4 @@
-"""prepare_model.py offline: one command gives a servable model, and says when answers mean nothing."""
+"""prepare_model.py offline: one command gives servable models, says when outputs mean nothing."""
 
 from __future__ import annotations
 
@@ -13,15 +13,18 @@ from pathlib import Path
 import pytest
 
 from client import Client
-from prepare_model import build_parser, hub_address, hub_reachable, parse_args
+from engines.model_sources import SourceError, check_sentence_pipeline
+from prepare_model import build_parser, hub_address, hub_reachable, parse_args, plan
 from server import InferenceServer, ServerConfig
+from tests.text_models import TINY_LABELS, build_tiny_classify_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
-def run_prepare(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "prepare_model.py", *args], cwd=ROOT,
+def run_prepare(*args: str, env: dict[str, str] | None = None,
+                cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "prepare_model.py"), *args], cwd=cwd,
                           env=OFFLINE if env is None else env, capture_output=True, text=True,
                           timeout=600)
 
@@ -93,7 +96,28 @@ def test_old_flag_spellings_mean_the_same_as_the_new_ones() -> None:
                       "--squad2", "yes"])
     assert vars(new) == vars(old)
     assert parse_args(["--squad2", "no"]).no_answer == "off"
-    assert parse_args([]).no_answer == "auto" and parse_args([]).model_dir == "saved_models"
+    assert parse_args([]).no_answer == "auto" and parse_args([]).model_dir is None
+
+
+def test_where_each_model_goes() -> None:
+    def where(*argv: str) -> list[tuple[str, str]]:
+        return [(task, str(path)) for task, path in plan(parse_args(list(argv)))]
+
+    # nothing chosen: the repository; --model_dir: one folder, as before
+    assert where() == where("--fp16") == [("qa", "saved_models/qa"),
+                                          ("embed", "saved_models/embed")]
+    assert where("--model_dir", "d") == [("qa", "d")]
+    # a model chosen without --task is a QA model in saved_models itself, as before
+    assert where("--packaged_minilm") == where("--model", "m") == [("qa", "saved_models")]
+    assert where("--random_bert_base", "--model_dir", "d") == [("qa", "d")]
+    # --task T: saved_models/T, unless --model_dir says
+    assert where("--task", "embed") == [("embed", "saved_models/embed")]
+    assert where("--task", "classify", "--model", "m") == [("classify", "saved_models/classify")]
+    assert where("--task", "embed", "--model_dir", "d") == [("embed", "d")]
+    for wrong in (["--task", "classify"], ["--packaged_minilm", "--random_tiny"],
+                  ["--model", "m", "--random_bert_base"]):
+        with pytest.raises(ValueError):
+            plan(parse_args(wrong))
 
 
 def test_help_gives_every_option_a_description_and_each_real_default_once() -> None:
@@ -102,7 +126,8 @@ def test_help_gives_every_option_a_description_and_each_real_default_once() -> N
     assert "(default: None)" not in text and "(default: False)" not in text
     assert "--output" not in text.split("options:")[1]  # old spellings work, unadvertised
     shown = [a for a in parser._actions if a.help != argparse.SUPPRESS and a.dest != "help"]
-    assert {a.dest for a in shown} >= {"model", "model_dir", "packaged_minilm", "no_answer"}
+    assert {a.dest for a in shown} >= {"model", "model_dir", "packaged_minilm", "no_answer",
+                                       "task", "random_tiny"}
     for action in shown:
         assert action.help
         if action.default not in (None, False):
@@ -145,3 +170,89 @@ def test_an_fp16_export_below_the_agreement_asked_for_is_refused(tiny_model_dir:
     meta = json.loads((tmp_path / "m" / "serving.json").read_text())
     assert meta["fp16"] is None and not (tmp_path / "m" / "model_fp16.onnx").exists()
     assert done.stdout.startswith("prepared ")  # the fp32 folder is complete and serves
+
+
+@pytest.mark.slow
+def test_no_arguments_prepare_a_repository_of_a_qa_and_a_real_embedding_model(
+        tmp_path: Path) -> None:
+    from engines import load_engine
+    from engines.model_dir import load_model_info
+    from protocol.messages import EmbedRequest, QARequest
+    from tasks import load_task
+
+    root = tmp_path / "saved_models"
+    root.mkdir()
+    (root / "serving.json").write_text("{}")  # an earlier single model: it would hide the rest
+    done = run_prepare(cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert not (root / "serving.json").exists()
+    qa, embed = (json.loads((root / name / "serving.json").read_text()) for name in ("qa", "embed"))
+    assert qa["task"] == "qa" and qa["meaningful"] is False  # offline: the untrained QA head
+    assert embed["task"] == "embed" and embed["meaningful"] is True and embed["warning"] is None
+    assert embed["max_seq_len"] == 256 and embed["embedding_dim"] == 384
+    assert embed["model_name"] == "all-minilm-l6-v2"
+    assert done.stderr.count("NOT MEANINGFUL") == 1  # the QA model's banner only, last
+    assert done.stderr.rstrip().splitlines()[-2].startswith("THIS MODEL'S ANSWERS ARE NOT")
+    assert done.stdout.count("prepared ") == 2
+    config = ServerConfig()
+    for name, request in (("qa", QARequest(id=1, question="Who?", context="Ada wrote it.")),
+                          ("embed", EmbedRequest(id=2, texts=("a cat", "a dog")))):
+        folder = root / name
+        task = load_task(folder, load_model_info(folder), config)
+        batch = [task.features(request)]
+        outputs = load_engine("onnx", folder, threads=1).run(task.collate(batch))
+        assert task.postprocess(batch[0], *task.split_outputs(batch, outputs)[0])
+
+
+def test_classify_without_a_model_is_refused_before_anything_loads(tmp_path: Path) -> None:
+    done = run_prepare("--task", "classify", "--model_dir", str(tmp_path / "m"))
+    assert done.returncode == 2 and "--task classify needs --model" in done.stderr
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_classifier_that_cannot_be_had_offline_fails_with_a_clear_message(
+        tmp_path: Path) -> None:
+    done = run_prepare("--task", "classify", "--model", "no-such-org/no-such-model",
+                       "--model_dir", str(tmp_path / "m"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "cannot load no-such-org/no-such-model as a classify model" in done.stderr
+    assert "--random_tiny" in done.stderr and "falling back" not in done.stderr
+    assert not (tmp_path / "m" / "serving.json").exists()
+
+
+def test_a_local_classifier_keeps_its_labels_and_its_own_warning(tmp_path: Path) -> None:
+    source = build_tiny_classify_dir(tmp_path / "source")
+    done = run_prepare("--task", "classify", "--model", str(source),
+                       "--model_dir", str(tmp_path / "m"))
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((tmp_path / "m" / "serving.json").read_text())
+    assert meta["task"] == "classify" and meta["labels"] == list(TINY_LABELS)
+    assert meta["output_names"] == ["logits"] and meta["source"] == "local folder"
+    assert meta["meaningful"] is False and meta["warning"] == "random weights"
+    assert "labels: negative, neutral, positive" in done.stdout
+
+
+def test_random_tiny_gives_each_task_offline(tmp_path: Path) -> None:
+    done = run_prepare("--task", "classify", "--random_tiny", "--model_dir", str(tmp_path / "c"))
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((tmp_path / "c" / "serving.json").read_text())
+    assert meta["labels"] == ["LABEL_0", "LABEL_1"] and meta["meaningful"] is False
+    assert "tiny two-layer BERT" in meta["warning"] and "NOT MEANINGFUL" in done.stderr
+
+
+def test_an_embedder_that_pools_otherwise_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "1_Pooling").mkdir()
+    modules = [{"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}))
+    with pytest.raises(SourceError, match="pooling_mode_cls_token"):
+        check_sentence_pipeline(str(tmp_path))
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True}))
+    check_sentence_pipeline(str(tmp_path))  # mean pooling: served as is
+    modules.append({"idx": 2, "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(SourceError, match="Dense"):
+        check_sentence_pipeline(str(tmp_path))

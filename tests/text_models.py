@@ -27,7 +27,7 @@ def build_tiny_embed_dir(out_dir: Path, *, seed: int = 0, max_seq_len: int = 128
 
     tokenizer = AutoTokenizer.from_pretrained(get_model_path())
     torch.manual_seed(seed)
-    model = BertModel(_tiny_config(tokenizer), add_pooling_layer=False).eval()
+    model = BertModel(_tiny_config(tokenizer)).eval()
     export_model_dir(model, tokenizer, out_dir, model_name=f"tiny-random-embed-{seed}",
                      source="built in tests", task="embed", meaningful=False,
                      warning="random weights", max_seq_len=max_seq_len)
