@@ -3,6 +3,7 @@
     python stress_test.py --num_simultaneous_clients 5 --num_total_clients 100
     python stress_test.py --sweep 1,5,20,50 --json runs.json --plot runs.png   # about a minute
     python stress_test.py --rate 50 --duration 30            # open loop: Poisson arrivals
+    python stress_test.py --task embed --texts_per_request 8 --model minilm   # another task
 
 Closed loop (the default): ``--num_total_clients`` client connections,
 ``--num_simultaneous_clients`` at a time, each sending ``--num_request_per_client`` requests
@@ -11,7 +12,9 @@ total rate whatever the server does, and latency counts from each request's sche
 A sweep (``--sweep``) runs a closed loop per level, each stopped by its time budget
 (``--level_seconds``) or its request count, whichever comes first. Clients run in
 ``--processes`` worker processes, several connections each. The server's own breakdown comes
-from its ``stats`` op. See docs/load_testing.md.
+from its ``stats`` op. ``--task`` picks the op (qa, embed, classify) and ``--model`` the served
+model; embed and classify requests take their texts from the same mix (its questions and
+contexts). See docs/load_testing.md.
 """
 
 from __future__ import annotations
@@ -33,72 +36,37 @@ from bench.figures import (
     split_evenly,
     summarize_lags,
 )
-from bench.loadgen import ClosedSpec, OpenSpec, closed_worker, open_worker
+from bench.loadgen import ClosedSpec, Item, OpenSpec, closed_worker, open_worker
 from bench.loadrun import measure
+from bench.mix import DEFAULT_DATA, TASKS, load_mix, load_pairs, load_texts
 from bench.plots import plot_runs
 from bench.report import format_report, format_tables
+from client import Client
+from console.catalog import routed_to
+from protocol import BadRequest
 from settings.cli import HelpFormatter
 
-DEFAULT_DATA = Path(__file__).resolve().parent / "bench" / "data" / "qa_pairs.jsonl"
+__all__ = ["DEFAULT_DATA", "DEFAULT_LEVEL_SECONDS", "TASKS", "build_parser", "load_mix",
+           "load_pairs", "load_texts", "main", "parse_args", "run_closed_loop", "run_open_loop",
+           "run_sweep", "write_json"]
+
 #: A sweep level's time budget (seconds): four levels take about a minute.
 DEFAULT_LEVEL_SECONDS = 12.0
 
 
-# -- the request mix ---------------------------------------------------------------------------
-def load_pairs(path: str | Path | None = None) -> list[tuple[str, str]]:
-    """(question, context) pairs from a JSON-lines file or a JSON list of objects.
-
-    Each object needs string ``question`` and ``context`` fields; other fields are ignored.
-
-    Args:
-        path: The file; None: the shipped mix, ``bench/data/qa_pairs.jsonl``.
-
-    Raises:
-        OSError: The file cannot be read.
-        ValueError: It is not valid JSON, an object lacks a field, or it holds no pairs.
-    """
-    path = Path(path) if path is not None else DEFAULT_DATA
-    text = path.read_text(encoding="utf-8-sig")
-    if text.lstrip().startswith("["):
-        records = list(enumerate(json.loads(text)))
-        where = "item"
-    else:
-        records = [(n, _json_line(path, n, line)) for n, line in enumerate(text.splitlines(), 1)
-                   if line.strip()]
-        where = "line"
-    pairs = [_pair(record, f"{path}, {where} {n}") for n, record in records]
-    if not pairs:
-        raise ValueError(f"{path} holds no question/context pairs")
-    return pairs
-
-
-def _json_line(path: Path, number: int, line: str) -> Any:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}, line {number}: not JSON ({exc.msg})") from None
-
-
-def _pair(record: Any, where: str) -> tuple[str, str]:
-    if not isinstance(record, dict):
-        raise ValueError(f"{where}: expected an object with 'question' and 'context'")
-    for field in ("question", "context"):
-        if not isinstance(record.get(field), str):
-            raise ValueError(f"{where}: field {field!r} must be a string")
-    return record["question"], record["context"]
-
-
 # -- runs --------------------------------------------------------------------------------------
 def run_closed_loop(host: str, port: int, *, clients: int, requests_per_client: int,
-                    pairs: list[tuple[str, str]], pipeline: int = 1, processes: int | None = None,
+                    pairs: Sequence[Item], pipeline: int = 1, processes: int | None = None,
                     warmup: int = 0, progress: bool = True, total_clients: int | None = None,
-                    timeout_s: float = 120.0, budget_s: float | None = None) -> dict[str, Any]:
+                    timeout_s: float = 120.0, budget_s: float | None = None, op: str = "qa",
+                    model: str | None = None) -> dict[str, Any]:
     """Closed loop: ``clients`` connections at a time, each sending as soon as a reply is in.
 
     Args:
         clients: Connections open at once (``--num_simultaneous_clients``).
         requests_per_client: Requests each connection sends before it disconnects.
-        pairs: The request mix, used round robin.
+        pairs: The request mix, used round robin: (question, context) pairs, or the field maps
+            of ``op`` (``load_mix``).
         pipeline: Requests each connection keeps in flight.
         processes: Worker processes; default ``min(clients, cpu count)``.
         warmup: Uncounted requests sent first, on a separate connection.
@@ -108,6 +76,8 @@ def run_closed_loop(host: str, port: int, *, clients: int, requests_per_client: 
         timeout_s: Seconds without a reply after which a connection's requests count as timeout.
         budget_s: Seconds after the start when nothing new is sent (no request, no client);
             requests in flight then are still answered and counted. None: no time limit.
+        op: The op of the mix's field maps (pairs are qa requests).
+        model: The served model every request names; None: the one serving the op.
 
     Returns:
         ``{"settings", "started", "requests", "ok", "errors": {code: n}, "wall_s",
@@ -125,10 +95,11 @@ def run_closed_loop(host: str, port: int, *, clients: int, requests_per_client: 
     if budget_s is not None:
         check_positive(budget_s=budget_s)
     specs = [ClosedSpec(host, port, tuple(pairs), slots, requests_per_client, pipeline, timeout_s,
-                        budget_s) for slots in split_evenly(clients, procs)]
+                        budget_s, op, model) for slots in split_evenly(clients, procs)]
     settings = {"mode": "closed", "clients": clients, "total_clients": total_clients,
                 "requests_per_client": requests_per_client, "pipeline": pipeline,
-                "budget_s": budget_s, "processes": procs, "warmup": warmup, "pairs": len(pairs)}
+                "budget_s": budget_s, "processes": procs, "warmup": warmup, "pairs": len(pairs),
+                "op": op, "model": model}
     total = total_clients * requests_per_client
     result, payloads = measure(closed_worker, specs, settings=settings, warmup=warmup,
                                tickets=total_clients, total=0 if budget_s else total,
@@ -139,10 +110,10 @@ def run_closed_loop(host: str, port: int, *, clients: int, requests_per_client: 
 
 
 def run_open_loop(host: str, port: int, *, rate: float, duration_s: float,
-                  pairs: list[tuple[str, str]], processes: int | None = None, warmup: int = 0,
+                  pairs: Sequence[Item], processes: int | None = None, warmup: int = 0,
                   progress: bool = True, connections: int | None = None,
                   max_requests: int | None = None, timeout_s: float = 120.0,
-                  seed: int = 0) -> dict[str, Any]:
+                  seed: int = 0, op: str = "qa", model: str | None = None) -> dict[str, Any]:
     """Open loop: Poisson arrivals at ``rate`` requests/s in total, sent whatever the replies do.
 
     Each latency runs from the request's scheduled send time, so a server (or a sender) that
@@ -151,7 +122,7 @@ def run_open_loop(host: str, port: int, *, rate: float, duration_s: float,
     Args:
         rate: Arrivals per second over all processes.
         duration_s: Arrivals stop after this many seconds (``math.inf``: use ``max_requests``).
-        pairs: The request mix, used round robin.
+        pairs: The request mix, used round robin (as for ``run_closed_loop``).
         processes: Worker processes; default ``min(connections, cpu count)``.
         warmup: Uncounted requests sent first, on a separate connection.
         progress: Show a progress bar.
@@ -159,6 +130,7 @@ def run_open_loop(host: str, port: int, *, rate: float, duration_s: float,
         max_requests: Stop after this many arrivals in total (the first limit reached wins).
         timeout_s: Seconds without a reply, once all are sent, after which the rest time out.
         seed: Seeds the arrival times (process i uses ``seed + i``).
+        op, model: As for ``run_closed_loop``.
 
     Returns:
         As ``run_closed_loop``, plus ``send_lag`` (how late sends were against the schedule).
@@ -171,11 +143,12 @@ def run_open_loop(host: str, port: int, *, rate: float, duration_s: float,
     connections = max(connections or procs, procs)
     counts = split_evenly(max_requests, procs) if max_requests is not None else [None] * procs
     specs = [OpenSpec(host, port, tuple(pairs), conns, rate / procs, duration_s, count, seed + i,
-                      i * len(pairs) // procs, timeout_s)
-             for i, (conns, count) in enumerate(zip(split_evenly(connections, procs), counts))]
+                      i * len(pairs) // procs, timeout_s, op, model)
+             for i, (conns, count) in enumerate(zip(split_evenly(connections, procs), counts,
+                                                    strict=True))]
     settings = {"mode": "open", "rate": rate, "duration_s": duration_s,
                 "max_requests": max_requests, "connections": connections, "processes": procs,
-                "warmup": warmup, "seed": seed, "pairs": len(pairs)}
+                "warmup": warmup, "seed": seed, "pairs": len(pairs), "op": op, "model": model}
     result, payloads = measure(open_worker, specs, settings=settings, warmup=warmup, tickets=0,
                                total=None, progress=progress)
     result["send_lag"] = summarize_lags(payloads)
@@ -183,15 +156,17 @@ def run_open_loop(host: str, port: int, *, rate: float, duration_s: float,
 
 
 def run_sweep(host: str, port: int, *, levels: Sequence[int], requests_per_client: int,
-              pairs: list[tuple[str, str]], total_clients: int = 0, pipeline: int = 1,
+              pairs: Sequence[Item], total_clients: int = 0, pipeline: int = 1,
               processes: int | None = None, warmup: int = 0, progress: bool = True,
               timeout_s: float = 120.0, level_seconds: float | None = DEFAULT_LEVEL_SECONDS,
-              on_run: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+              on_run: Callable[[dict[str, Any]], None] | None = None, op: str = "qa",
+              model: str | None = None) -> list[dict[str, Any]]:
     """One closed-loop run per concurrency level (warm-up before the first only).
 
     Each level runs up to ``max(level, total_clients)`` client connections of
     ``requests_per_client`` requests, and sends nothing new after ``level_seconds`` (None: no
-    time limit); whichever limit comes first ends it (the run's ``stopped_by``).
+    time limit); whichever limit comes first ends it (the run's ``stopped_by``). ``op`` and
+    ``model`` as for ``run_closed_loop``.
     """
     runs = []
     for n, level in enumerate(levels):
@@ -199,7 +174,7 @@ def run_sweep(host: str, port: int, *, levels: Sequence[int], requests_per_clien
             host, port, clients=level, requests_per_client=requests_per_client, pairs=pairs,
             pipeline=pipeline, processes=processes, warmup=warmup if n == 0 else 0,
             progress=progress, total_clients=max(level, total_clients), timeout_s=timeout_s,
-            budget_s=level_seconds))
+            budget_s=level_seconds, op=op, model=model))
         if on_run is not None:
             on_run(runs[-1])
     return runs
@@ -241,7 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "budget or after max(level, num_total_clients) x num_request_per_client "
                         f"requests, whichever comes first; 0: no budget (default: "
                         f"{DEFAULT_LEVEL_SECONDS:g})")
-    p.add_argument("--data", help="JSON-lines (or JSON list) of {question, context} objects "
+    p.add_argument("--task", choices=TASKS, default="qa",
+                   help="the requests: qa (question and context), embed (texts) or classify "
+                        "(a text); embed and classify take the mix's questions and contexts as "
+                        "texts")
+    p.add_argument("--model", help="the served model every request names (needed where several "
+                                   "serve the task; the server's `models` op lists them)")
+    p.add_argument("--texts_per_request", type=int,
+                   help="embed: texts in each request (default: 1)")
+    p.add_argument("--data", help="JSON-lines (or JSON list) of {question, context} objects; "
+                                  "for embed and classify, {text} objects too "
                                   "(default: bench/data/qa_pairs.jsonl)")
     p.add_argument("--json", help="write every figure of every run to this file")
     p.add_argument("--plot", help="draw latency percentiles and throughput to this PNG")
@@ -253,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options, checked; adds ``levels`` (the sweep's) and ``pairs`` (the mix)."""
+    """Command-line options, checked; adds ``levels`` (the sweep's) and ``pairs`` (the mix:
+    the requests of ``--task``)."""
     p = build_parser()
     args = p.parse_args(argv)
     if args.rate is not None and (args.sweep or args.pipeline != 1):
@@ -266,23 +251,62 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--level_seconds must be 0 (no budget) or more")
     if args.level_seconds is None:
         args.level_seconds = DEFAULT_LEVEL_SECONDS
+    if args.texts_per_request is not None and args.task != "embed":
+        p.error("--texts_per_request needs --task embed")
+    if args.texts_per_request is None:
+        args.texts_per_request = 1
     try:
         args.levels = [int(n) for n in args.sweep.split(",")] if args.sweep else []
-        args.pairs = load_pairs(args.data)
+        args.pairs = load_mix(args.task, args.data, args.texts_per_request)
     except (OSError, ValueError) as exc:
         p.error(str(exc))
     return args
 
 
+def check_served(host: str, port: int, task: str, model: str | None) -> None:
+    """Refuse a run whose every request the server would refuse (``bad_request``): ``model``
+    not served or serving another op, or no model, or several and none named, serving ``task``.
+    A server older than the ``models`` op is not checked.
+
+    Raises:
+        ValueError: what is wrong, with what the server serves.
+        ConnectionError: the server cannot be reached.
+    """
+    try:
+        with Client(host, port) as client:
+            models = client.models(timeout=30)
+    except BadRequest:
+        return
+    except OSError as exc:
+        raise ConnectionError(f"cannot reach {host}:{port}: {exc}") from exc
+    target = routed_to(models, task, model)
+    if target is not None and target["op"] == task:
+        return
+    served = ", ".join(f"{m['name']} ({m['op']})" for m in models) or "nothing"
+    if target is not None:
+        why = f"model {model!r} serves {target['op']} requests, not {task}"
+    elif model is not None:
+        why = f"no model {model!r} here"
+    elif any(m["op"] == task for m in models):
+        why = f"several models serve {task} requests: name one with --model"
+    else:
+        why = f"no model here serves {task} requests"
+    raise ValueError(f"{why} (served: {served})")
+
+
 def _runs(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
     """Run what the options ask for, appending each result to ``runs`` and printing it."""
+    check_served(args.host, args.port, args.task, args.model)
     common = {"pairs": args.pairs, "processes": args.processes, "warmup": args.warmup,
-              "progress": not args.no_progress, "timeout_s": args.timeout}
+              "progress": not args.no_progress, "timeout_s": args.timeout, "op": args.task,
+              "model": args.model}
 
     def record(result: dict[str, Any]) -> None:
         result["settings"]["data"] = str(args.data or DEFAULT_DATA)
+        result["settings"]["texts_per_request"] = args.texts_per_request
         runs.append(result)
-        print(format_report(result) + ("\n" if args.levels else ""), flush=True)
+        print(_task_line(args) + format_report(result) + ("\n" if args.levels else ""),
+              flush=True)
 
     if args.rate is not None:
         total = args.num_total_clients * args.num_request_per_client
@@ -300,6 +324,15 @@ def _runs(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
             args.host, args.port, clients=args.num_simultaneous_clients,
             total_clients=args.num_total_clients, requests_per_client=args.num_request_per_client,
             pipeline=args.pipeline, **common))
+
+
+def _task_line(args: argparse.Namespace) -> str:
+    """The report's first line when the requests are not the default qa ones of any model."""
+    if args.task == "qa" and args.model is None:
+        return ""
+    texts = f", {args.texts_per_request} texts per request" if args.task == "embed" else ""
+    model = f"model {args.model}" if args.model else "the model serving it"
+    return f"task: {args.task}, {model}{texts}\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ import threading
 import time
 from array import array
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
@@ -36,6 +36,9 @@ from client import Client, ConnectionLost
 from protocol import ServerError
 
 Pair = tuple[str, str]
+Item = Pair | Mapping[str, Any]
+"""One request of the mix: a (question, context) pair (a qa request), or the fields of the
+spec's ``op`` (``{"texts": [...]}`` for embed, ``{"text": ...}`` for classify)."""
 
 
 @dataclass(frozen=True)
@@ -44,12 +47,14 @@ class ClosedSpec:
 
     host: str
     port: int
-    pairs: Sequence[Pair]
+    pairs: Sequence[Item]
     slots: int  # connections this process keeps open at once
     requests_per_client: int
     pipeline: int
     timeout_s: float
     budget_s: float | None = None  # seconds from the start after which nothing new is sent
+    op: str = "qa"  # the op of the mix's field maps
+    model: str | None = None  # the served model every request names (None: the server's pick)
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ class OpenSpec:
 
     host: str
     port: int
-    pairs: Sequence[Pair]
+    pairs: Sequence[Item]
     connections: int
     rate: float  # this process's arrivals per second
     duration_s: float
@@ -66,6 +71,18 @@ class OpenSpec:
     seed: int
     first_pair: int  # where this process starts in the request mix
     timeout_s: float
+    op: str = "qa"
+    model: str | None = None
+
+
+def send(client: Client, item: Item, op: str = "qa",
+         model: str | None = None) -> Future[dict[str, Any]]:
+    """Send one request of the mix on ``client``: a pair as a qa request, a map as ``op``'s
+    fields; naming ``model`` where given."""
+    if isinstance(item, Mapping):
+        return client.submit_op(op, item, model=model)
+    question, context = item
+    return client.submit(question, context, model=model)
 
 
 def outcome(exc: BaseException, timed_out: bool = False) -> str:
@@ -204,10 +221,11 @@ class _ClosedDriver:
             self._left -= 1
             self._outstanding += 1
             n, self._sent = self._sent, self._sent + 1
-        question, context = self._spec.pairs[(self._first + n) % len(self._spec.pairs)]
+        spec = self._spec
+        item = spec.pairs[(self._first + n) % len(spec.pairs)]
         started = time.perf_counter()
         try:
-            future = self._client.submit(question, context)
+            future = send(self._client, item, spec.op, spec.model)
         except Exception as exc:  # noqa: BLE001 - the connection is gone: the rest fail with it
             self._abandon(outcome(exc, self._timed_out), current=True)
             return
@@ -344,9 +362,9 @@ def _send_on_schedule(spec: OpenSpec, clients: list[Client], offsets: list[float
         if delay > 0:
             time.sleep(delay)
         recorder.lags.append(max(0.0, time.perf_counter() - scheduled))
-        question, context = pairs[(spec.first_pair + n) % len(pairs)]
+        item = pairs[(spec.first_pair + n) % len(pairs)]
         try:
-            future = clients[n % len(clients)].submit(question, context)
+            future = send(clients[n % len(clients)], item, spec.op, spec.model)
         except Exception as exc:  # noqa: BLE001 - that connection is gone; counted
             recorder.failed(outcome(exc))
             continue

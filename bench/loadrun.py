@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench.figures import server_breakdown, summarize
-from bench.loadgen import ClosedSpec, OpenSpec, Pair
+from bench.loadgen import ClosedSpec, OpenSpec, send
 from client import Client
 from protocol import ServerError
 
@@ -122,7 +122,7 @@ def measure(target: Callable[..., None], specs: Sequence[ClosedSpec | OpenSpec],
     Raises:
         ConnectionError: The server (or, from a worker, a connection) cannot be reached.
     """
-    host, port, pairs = specs[0].host, specs[0].port, specs[0].pairs
+    host, port = specs[0].host, specs[0].port
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     try:
         control = Client(host, port)
@@ -130,17 +130,19 @@ def measure(target: Callable[..., None], specs: Sequence[ClosedSpec | OpenSpec],
         raise ConnectionError(f"cannot reach {host}:{port}: {exc}") from exc
     with control:
         payloads, before = run_workers(
-            target, specs, tickets=tickets, warm_up=lambda: _warm_up(control, pairs, warmup),
+            target, specs, tickets=tickets, warm_up=lambda: _warm_up(control, specs[0], warmup),
             before=lambda: _server_stats(control), total=total, progress=progress)
         after = _settled_stats(control, before)
     return {"settings": settings, "started": started, **summarize(payloads),
             "server": server_breakdown(before, after)}, payloads
 
 
-def _warm_up(client: Client, pairs: Sequence[Pair], count: int) -> None:
-    """Send ``count`` uncounted requests, 8 in flight at a time; their errors are ignored."""
+def _warm_up(client: Client, spec: ClosedSpec | OpenSpec, count: int) -> None:
+    """Send ``count`` uncounted requests of the spec's mix, 8 in flight at a time; their errors
+    are ignored."""
+    pairs = spec.pairs
     for first in range(0, count, 8):
-        futures = [client.submit(*pairs[n % len(pairs)])
+        futures = [send(client, pairs[n % len(pairs)], spec.op, spec.model)
                    for n in range(first, min(count, first + 8))]
         for future in futures:
             try:
