@@ -293,3 +293,39 @@ def test_onnx_serving_of_text_tasks_imports_neither_transformers_nor_torch(
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-2:] == ["False", "False"], done.stdout
+
+
+# --------------------------------------------------------------------------- plug-in
+
+
+def test_the_plug_in_task_of_docs_tasks_md_runs_as_written(
+        classify_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from protocol.messages import TaskRequest, parse_request
+
+    doc = (ROOT / "docs" / "tasks.md").read_text()
+    code = doc.split("# mytasks/classify_many.py\n", 1)[1].split("```", 1)[0]
+    package = tmp_path / "mytasks"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "classify_many.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = tmp_path / "many"
+    shutil.copytree(classify_dir, folder)
+    meta = json.loads((folder / "serving.json").read_text())
+    meta["task"] = "mytasks.classify_many:ClassifyManyTask"
+    (folder / "serving.json").write_text(json.dumps(meta))
+
+    task = task_for(folder)
+    assert (task.name, task.op) == ("classify_many", "classify_many")
+    request = parse_request({"id": 1, "op": "classify_many", "texts": ["great film", "dull"]},
+                            {"classify_many"})
+    assert isinstance(request, TaskRequest) and request.fields == {"texts": ["great film",
+                                                                              "dull"]}
+    result = serve(task, load_engine("onnx", folder, threads=1), [request])[0]
+    assert len(result["labels"]) == len(result["scores"]) == 2
+    assert set(result["labels"]) <= set(TINY_LABELS)
+    for bad in ({"texts": "one"}, {"texts": []}, {"texts": ["fine", " "]}, {}):
+        with pytest.raises(BadRequest):
+            task.features(TaskRequest(op="classify_many", id=2, fields=bad))
