@@ -40,13 +40,13 @@ from protocol.errors import (
     Unavailable,
     error_for_code,
 )
+from protocol.messages import QARequest
 from scheduling.pool import BACKOFF_S
 from scheduling.queue import Responder, WorkItem
 from settings.server_config import ServerConfig
 from tasks.qa import QATask
 from telemetry.stats import ServerStats, Timing
 from transport.coalesce import coalesced_sends
-from workers.local import qa_config
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +110,10 @@ class RedisBackend:
         Raises:
             RuntimeError: Redis refused us (wrong password, not a Redis, no such database).
         """
-        self.task = QATask.from_dir(self.config.model_dir, qa_config(self.config, self.info),
-                                    input_names=self.info.input_names,
-                                    length_buckets=self.config.bucket_lengths())
+        if self.info.task != QATask.name:
+            raise RuntimeError(f"--broker serves qa models only; this one's task is "
+                               f"{self.info.task!r} (serve it without --broker)")
+        self.task = QATask.from_model(self.config.model_dir, self.info, self.config)
         try:
             self._connect()
         except redis.AuthenticationError as exc:  # a ConnectionError to redis-py; not to us
@@ -138,7 +139,7 @@ class RedisBackend:
                  self.reply_key)
 
     # -- the way in ----------------------------------------------------------------------------
-    def submit(self, question: str, context: str, respond: Responder, alive: Callable[[], bool],
+    def submit(self, request: QARequest, respond: Responder, alive: Callable[[], bool],
                enqueued_at: float, deadline: float | None) -> None:
         """Tokenize one request and stage it; ``flush`` sends what a read staged.
 
@@ -154,7 +155,7 @@ class RedisBackend:
         if not self.monitor.serving_workers:
             raise Unavailable("no worker is serving; retry once the server is ready")
         task = self.task
-        features = task.preprocess(question, context)
+        features = task.features(request)
         length = task.padded_length(features.max_len)
         item = WorkItem(features=features, respond=respond, alive=alive, rows=features.rows,
                         length=length, enqueued_at=enqueued_at, deadline=deadline)

@@ -40,6 +40,7 @@ COPY console/ console/
 COPY engines/ engines/
 COPY tasks/ tasks/
 COPY scheduling/ scheduling/
+COPY dispatch/ dispatch/
 COPY protocol/ protocol/
 COPY settings/ settings/
 COPY transport/ transport/

@@ -58,6 +58,16 @@ class WorkItem:
         except Exception:  # noqa: BLE001
             log.exception("responder failed")
 
+    def drop(self) -> None:
+        """Its client left before an answer: nothing is sent. A responder with an ``abandon``
+        method (dispatch.completion.Completion) counts it; later calls do nothing."""
+        if self.answered:
+            return
+        self.answered = True
+        abandon = getattr(self.respond, "abandon", None)
+        if abandon is not None:
+            abandon()
+
     def expired(self, now: float) -> bool:
         """Whether its deadline has passed at ``now``."""
         return self.deadline is not None and now >= self.deadline

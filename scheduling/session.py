@@ -21,13 +21,13 @@ log = logging.getLogger(__name__)
 
 
 class BatchTask(Protocol):
-    """What a session needs from a task (tasks.qa.QATask satisfies it)."""
+    """What a session needs of a task (tasks/base.py's Task has it)."""
 
     def collate(self, batch: Sequence[Any]) -> dict[str, Any]: ...
 
-    def split_outputs(self, batch: Sequence[Any], outputs: Any) -> list[tuple[Any, Any]]: ...
+    def split_outputs(self, batch: Sequence[Any], outputs: Any) -> list[tuple[Any, ...]]: ...
 
-    def postprocess(self, features: Any, start_logits: Any, end_logits: Any) -> dict[str, Any]: ...
+    def postprocess(self, features: Any, *outputs: Any) -> dict[str, Any]: ...
 
 
 class InferenceSession(threading.Thread):
@@ -156,8 +156,7 @@ class InferenceSession(threading.Thread):
         live = []
         for item in batch:
             if not item.alive():
-                item.answered = True
-                self.stats.on_finished("client_gone", None)  # dropped before the engine
+                item.drop()  # its client left: dropped before the engine
             elif item.expired(taken):
                 item.answer(None, item.deadline_error(taken))
             else:
@@ -184,12 +183,12 @@ class InferenceSession(threading.Thread):
             self.policy.cost.observe(rows, length, engine_s)
         self.stats.on_batch(len(live), rows, [taken - i.enqueued_at for i in live], engine_s)
         with coalesced_sends():  # one write per connection for the batch's replies
-            for item, (start, end) in zip(live, per_request):
-                self._answer(item, start, end)
+            for item, outputs in zip(live, per_request):
+                self._answer(item, outputs)
 
-    def _answer(self, item: WorkItem, start: Any, end: Any) -> None:
+    def _answer(self, item: WorkItem, outputs: tuple[Any, ...]) -> None:
         try:
-            result = self.task.postprocess(item.features, start, end)
+            result = self.task.postprocess(item.features, *outputs)
         except Exception as exc:  # noqa: BLE001 - one bad answer fails alone
             log.exception("%s: postprocessing failed", self.name)
             item.answer(None, InternalError(f"postprocessing failed: {type(exc).__name__}"))

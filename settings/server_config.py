@@ -7,6 +7,7 @@ is explained in docs/operations.md.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -49,7 +50,9 @@ class ServerConfig:
     inference_engine_type: str = option("onnx", "engine backend (zero: no model, random "
                                         "answers; for front-end benchmarks only)",
                                         choices=ENGINE_TYPES)
-    model_dir: str = option("saved_models", "folder written by prepare_model.py")
+    model_dir: str = option("saved_models", "a folder written by prepare_model.py, or a "
+                            "repository: each subfolder holding one is a model of that name, "
+                            "all served at once (docs/tasks.md)")
     device: str = option("auto", "auto, cpu, cuda or cuda:N (auto: GPU if any)")
     precision: str = option("fp32", "engine arithmetic: fp16 runs model_fp16.onnx "
                             "(prepare_model.py --fp16) or float16 PyTorch on CUDA; bf16 runs "
@@ -81,7 +84,9 @@ class ServerConfig:
                                     "(slowloris guard; 0: no limit)", flag="--frame_timeout")
     max_frame_size: int = option(DEFAULT_MAX_FRAME_SIZE, "frame cap, bytes")
     max_question_chars: int = option(1000, "longest question, characters (0: no cap)")
-    max_context_chars: int = option(100_000, "longest context, characters (0: no cap)")
+    max_context_chars: int = option(100_000, "longest context, or text to embed or classify, "
+                                    "characters (0: no cap)")
+    max_texts: int = option(256, "most texts in one embed request (0: no cap)")
     send_timeout_s: float = option(30.0, "seconds replies may stay unsent to a client that does "
                                    "not read before it is disconnected", flag="--send_timeout")
     no_answer: str = option("auto", "SQuAD2 'no answer' (auto: on for SQuAD2 models)",
@@ -162,7 +167,8 @@ class ServerConfig:
         never_negative = ("claim_idle_ms", "threads_per_session", "max_batch_tokens",
                           "max_queue_delay_ms", "request_timeout_ms", "idle_timeout_s",
                           "frame_timeout_s",
-                          "max_question_chars", "max_context_chars", "shutdown_timeout_s")
+                          "max_question_chars", "max_context_chars", "max_texts",
+                          "shutdown_timeout_s")
         flags = {f.name: f.metadata["flag"] or f"--{f.name}" for f in fields(self)}
         return ([f"{flags[name]} must be at least 1" for name in at_least_one
                  if getattr(self, name) < 1]
@@ -197,7 +203,7 @@ class ServerConfig:
     def limits(self) -> FieldLimits:
         """The caps on request fields."""
         return FieldLimits(max_question_chars=self.max_question_chars,
-                           max_context_chars=self.max_context_chars)
+                           max_context_chars=self.max_context_chars, max_texts=self.max_texts)
 
 
 _TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "int | None": int,
@@ -213,6 +219,17 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
                             type=_TYPES[str(f.type)], default=f.default, choices=meta["choices"],
                             help=meta["help"])
     return parser
+
+
+def parse_args(description: str | None, argv: list[str] | None = None) -> ServerConfig:
+    """Command-line options -> ServerConfig (one flag per config field); sets up logging."""
+    parser = build_parser(description)
+    parser.add_argument("--log_level", default="INFO",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log detail")
+    args = vars(parser.parse_args(argv))
+    logging.basicConfig(level=args.pop("log_level"),
+                        format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
+    return config_from_args(parser, args)
 
 
 def config_from_args(parser: argparse.ArgumentParser, args: dict[str, Any]) -> ServerConfig:

@@ -30,8 +30,9 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 class StatsSource(Protocol):
     """What the collector reads (server.InferenceServer satisfies it)."""
 
-    def collect_stats(self) -> tuple[dict[str, Any], Any]:
-        """The stats op's result, and the ServerStats (summed over workers) it came from."""
+    def collect_stats(self) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+        """The stats op's result, the ServerStats (summed over models and workers) it came
+        from, and each model's ServerStats (telemetry/report.py)."""
 
 
 class ServerCollector(Collector):
@@ -43,7 +44,7 @@ class ServerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Yield every metric family (called by prometheus-client on each scrape)."""
-        snap, stats = self.server.collect_stats()
+        snap, stats, per_model = self.server.collect_stats()
         yield _info(snap)
         requests = CounterMetricFamily(f"{PREFIX}_requests", "Requests answered, by op and outcome "
                                        "(ok or the error code)", labels=["op", "outcome"])
@@ -74,10 +75,50 @@ class ServerCollector(Collector):
         yield _time_histogram("engine_time_seconds", "Engine time per batch", stats.engine_time)
         yield _time_histogram("request_duration_seconds", "Time from admission until the reply "
                               "was written", stats.request_time)
+        yield from _model_families(snap.get("models", {}), per_model)
         yield from _worker_families(snap.get("workers", []))
         if "broker" in snap:
             yield from _broker_families(snap["broker"])
         yield from self.gpus.collect()
+
+
+def _model_families(entries: dict[str, dict[str, Any]],
+                    per_model: dict[str, Any]) -> Iterator[Metric]:
+    """Per-model series, each with a ``model`` label (the families above are their sums, plus
+    what no model was found for)."""
+    label = ["model"]
+    info = GaugeMetricFamily(f"{PREFIX}_model_info", "A served model (value is always 1)",
+                             labels=["model", "task", "name", "meaningful"])
+    requests = CounterMetricFamily(f"{PREFIX}_model_requests", "Requests answered, by model, op "
+                                   "and outcome", labels=["model", "op", "outcome"])
+    gauges = {key: GaugeMetricFamily(f"{PREFIX}_model_{name}", doc, labels=label) for key, name,
+              doc in (("ready", "ready", "1 while the model's sessions are all serving"),
+                      ("queue_depth", "queue_depth", "Requests waiting in the model's queue"),
+                      ("in_flight", "in_flight_requests", "Admitted, not yet answered"))}
+    batches = CounterMetricFamily(f"{PREFIX}_model_batches", "Batches run", labels=label)
+    sizes = HistogramMetricFamily(f"{PREFIX}_model_batch_size", "Requests per batch",
+                                  labels=label)
+    times = {key: HistogramMetricFamily(f"{PREFIX}_model_{name}", doc, labels=label)
+             for key, name, doc in (
+                 ("queue_time", "queue_time_seconds", "Admission until a session took it"),
+                 ("engine_time", "engine_time_seconds", "Engine time per batch"),
+                 ("request_time", "request_duration_seconds", "Admission until the reply"))}
+    for name, entry in entries.items():
+        info.add_metric([name, entry["task"], entry["name"], str(entry["meaningful"]).lower()], 1)
+        for op, outcomes in entry["requests"].items():
+            for outcome, n in outcomes.items():
+                requests.add_metric([name, op, outcome], n)
+        gauges["ready"].add_metric([name], int(entry["ready"]))
+        gauges["queue_depth"].add_metric([name], entry["queue_depth"])
+        gauges["in_flight"].add_metric([name], entry["in_flight"])
+        batches.add_metric([name], entry["batches"])
+        buckets, total = _batch_buckets(entry["batch_size_histogram"])
+        sizes.add_metric([name], buckets, total)
+        stats = per_model[name]
+        for key, family in times.items():
+            timing = getattr(stats, key)
+            family.add_metric([name], _time_buckets(timing), timing.total)
+    yield from (info, requests, *gauges.values(), batches, sizes, *times.values())
 
 
 def _worker_families(workers: list[dict[str, Any]]) -> Iterator[Metric]:
@@ -152,21 +193,31 @@ def _info(snap: dict[str, Any]) -> GaugeMetricFamily:
     return info
 
 
-def _time_histogram(name: str, doc: str, timing: Timing) -> HistogramMetricFamily:
+def _time_buckets(timing: Timing) -> list[tuple[str, int]]:
     cumulative, running = [], 0
     for bound, n in zip([*map(str, TIME_BUCKETS), "+Inf"], timing.buckets):
         running += n
         cumulative.append((bound, running))
-    return HistogramMetricFamily(f"{PREFIX}_{name}", doc, buckets=cumulative,
+    return cumulative
+
+
+def _time_histogram(name: str, doc: str, timing: Timing) -> HistogramMetricFamily:
+    return HistogramMetricFamily(f"{PREFIX}_{name}", doc, buckets=_time_buckets(timing),
                                  sum_value=timing.total)
 
 
-def _batch_histogram(sizes: dict[str, int]) -> HistogramMetricFamily:
+def _batch_buckets(sizes: dict[str, int]) -> tuple[list[tuple[str, int]], int]:
+    """Cumulative buckets of a batch-size histogram, and the sum of the sizes."""
     counts = {int(k): v for k, v in sizes.items()}
     buckets = [(str(b), sum(n for s, n in counts.items() if s <= b)) for b in BATCH_BUCKETS]
     buckets.append(("+Inf", sum(counts.values())))
+    return buckets, sum(s * n for s, n in counts.items())
+
+
+def _batch_histogram(sizes: dict[str, int]) -> HistogramMetricFamily:
+    buckets, total = _batch_buckets(sizes)
     return HistogramMetricFamily(f"{PREFIX}_batch_size", "Requests per batch", buckets=buckets,
-                                 sum_value=sum(s * n for s, n in counts.items()))
+                                 sum_value=total)
 
 
 class GpuProbe:

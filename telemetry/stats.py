@@ -1,7 +1,8 @@
 """In-process serving statistics: counters, histograms and recent-sample percentiles.
 
-One ``ServerStats`` per server, updated from reader and session threads under one lock. It is the
-single source of truth for both the ``stats`` protocol op and the Prometheus exporter.
+One ``ServerStats`` per server, and one per served model whose every count also goes to the
+server's (its ``parent``): updated from reader and session threads, each under its lock. They are
+the single source of truth for both the ``stats`` protocol op and the Prometheus exporter.
 """
 
 from __future__ import annotations
@@ -85,7 +86,9 @@ class ServerStats:
     is dropped because its client left; ``in_flight`` is the difference.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, op: str = "qa", parent: ServerStats | None = None) -> None:
+        self.op = op  # the op of the model requests these statistics count
+        self.parent = parent  # a served model's statistics also count in the server's
         self._lock = threading.Lock()
         self.started = time.monotonic()
         self.requests: Counter[tuple[str, str]] = Counter()
@@ -105,29 +108,41 @@ class ServerStats:
         """A request answered without entering the queue (ping, stats, or refused at the door)."""
         with self._lock:
             self.requests[(op, outcome)] += 1
+        if self.parent is not None:
+            self.parent.count(op, outcome)
 
     def count_event(self, event: str) -> None:
         """Something an operator should see counted (one of ``EVENTS``)."""
         with self._lock:
             self.events[event] += 1
+        if self.parent is not None:
+            self.parent.count_event(event)
 
     def on_admitted(self) -> None:
-        """A qa request entered the queue."""
+        """A request entered the queue."""
         with self._lock:
             self.admitted += 1
+        if self.parent is not None:
+            self.parent.on_admitted()
 
     def on_refused(self) -> None:
         """Undo ``on_admitted``: the queue refused the request after all."""
         with self._lock:
             self.admitted -= 1
+        if self.parent is not None:
+            self.parent.on_refused()
 
-    def on_finished(self, outcome: str, seconds: float | None) -> None:
-        """An admitted qa request was answered (``seconds`` since admission) or dropped (None)."""
+    def on_finished(self, outcome: str, seconds: float | None, op: str | None = None) -> None:
+        """An admitted request (of ``op``, default this one's) was answered (``seconds`` since
+        admission) or dropped (None)."""
+        op = op or self.op
         with self._lock:
             self.finished += 1
-            self.requests[("qa", outcome)] += 1
+            self.requests[(op, outcome)] += 1
             if seconds is not None:
                 self.request_time.observe(seconds)
+        if self.parent is not None:
+            self.parent.on_finished(outcome, seconds, op)
 
     def on_batch(self, size: int, rows: int, queue_waits: list[float], engine_s: float) -> None:
         """A session ran one batch of ``size`` requests (``rows`` windows)."""
@@ -138,6 +153,8 @@ class ServerStats:
             self.engine_time.observe(engine_s)
             for wait in queue_waits:
                 self.queue_time.observe(wait)
+        if self.parent is not None:
+            self.parent.on_batch(size, rows, queue_waits, engine_s)
 
     def on_connection(self, opened: bool) -> None:
         """A connection opened (True) or closed (False)."""
@@ -173,9 +190,9 @@ class ServerStats:
     def copy(self) -> ServerStats:
         """An independent copy of every figure."""
         with self._lock:
-            twin = ServerStats()
+            twin = ServerStats(self.op)
             for name, value in vars(self).items():
-                if name != "_lock":
+                if name not in ("_lock", "parent"):
                     setattr(twin, name, copy.deepcopy(value))
             return twin
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from client import Client
 from engines.model_dir import load_model_info
 from protocol import encode_frame, ok_reply, qa_request
+from protocol.messages import QARequest
 from server import InferenceServer
 from telemetry.stats import ServerStats
 from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, wait_until
@@ -38,7 +39,8 @@ def test_a_drained_stop_has_delivered_every_answer_popped_from_a_worker(
 
     now = time.monotonic()
     for i in range(6):
-        backend.submit(QUESTIONS[i], CONTEXTS[i], slow(i), lambda: True, now, None)
+        request = QARequest(id=i, question=QUESTIONS[i], context=CONTEXTS[i])
+        backend.submit(request, slow(i), lambda: True, now, None)
     backend.flush()
     drained = backend.stop(30)
     at_return = len(delivered)

@@ -1,8 +1,9 @@
 """Socket I/O for the framed protocol: one reader (and, when needed, one writer) per connection.
 
 The wire format itself lives in protocol/ (sans-IO); this package only moves its bytes. What to do
-with an admitted request is the server's business: a connection calls ``server.admit(...)``,
-``server.control(...)``, ``server.stats`` and ``server.forget(conn)`` and needs nothing else from it.
+with a request is dispatch/'s business: a connection hands each decoded message to
+``server.handle(message, conn)`` and calls ``server.flush()``, ``server.stats`` and
+``server.forget(conn)``; it needs nothing else from the server.
 """
 
 from __future__ import annotations
@@ -13,14 +14,10 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
-from functools import partial
 from typing import Any, Protocol
 
-from protocol import FrameDecoder, encode_frame, error_reply, ok_reply, parse_request
-from protocol.errors import FrameTimeout, IdleTimeout, InternalError, ProtocolError, ServerError
-from protocol.messages import QARequest, Request, op_name
-from scheduling.queue import Responder
+from protocol import FrameDecoder, encode_frame, error_reply, ok_reply
+from protocol.errors import FrameTimeout, IdleTimeout, ProtocolError, ServerError
 from telemetry.stats import ServerStats
 from transport.closing import DELIVERY_POLL_S, delivered, shut_write
 from transport.coalesce import holding
@@ -37,11 +34,8 @@ class ServerHooks(Protocol):
     frame_timeout_s: float
     stats: ServerStats
 
-    def admit(self, request: QARequest, respond: Responder, alive: Callable[[], bool]) -> None:
-        """Tokenize and queue one request, or raise a ServerError for it."""
-
-    def control(self, request: Request) -> dict[str, Any]:
-        """The result of a request answered at once, without the queue (ping, stats)."""
+    def handle(self, message: Any, conn: Connection) -> None:
+        """Answer or admit one decoded request (dispatch/handler.py); never raises."""
 
     def forget(self, conn: Connection) -> None:
         """The connection has closed."""
@@ -146,7 +140,7 @@ class Connection:
             try:
                 while (message := self.decoder.next_message()) is not None:
                     self._frame_started = time.monotonic()  # the next frame starts now
-                    self.handle(message)
+                    self.server.handle(message, self)
             except ProtocolError as exc:
                 log.info("connection %s: %s; closing", self.peer, exc)
                 self.server.stats.count("frame", exc.code)
@@ -211,50 +205,28 @@ class Connection:
             return FrameTimeout(f"frame not completed within {seconds:g} s (frame_timeout)")
         return IdleTimeout(f"no request for {self.server.idle_timeout_s:g} s (idle_timeout)")
 
-    def handle(self, message: Any) -> None:
-        """Validate one decoded request and answer it or admit it to the work queue."""
-        request_id = None
-        op = op_name(message)
-        try:
-            request = parse_request(message)
-            request_id = request.id
-            if isinstance(request, QARequest):
-                self._admit(request)
-                return
-            reply = ok_reply(request_id, self.server.control(request))
-            self.server.stats.count(op, "ok")  # counted before sending, like every outcome
-            self.send(reply)
-        except ServerError as exc:
-            rid = exc.request_id if exc.request_id is not None else request_id
-            self.server.stats.count(op, exc.code)
-            self.send(error_reply(rid, exc))
-        except Exception as exc:  # noqa: BLE001 - one bad request fails alone
-            log.exception("connection %s: unexpected error handling a request", self.peer)
-            self.server.stats.count(op, InternalError.code)
-            self.send(error_reply(request_id, InternalError(f"{type(exc).__name__}: {exc}")))
-
-    def _admit(self, request: QARequest) -> None:
+    def begin(self) -> None:
+        """An admitted request is now owed a reply (``reply``) or a ``release``."""
         with self._cond:
-            self._pending += 1  # before admitting: the reply may come before admit returns
-        try:
-            self.server.admit(request, partial(self.reply, request.id), self.is_open)
-        except BaseException:
-            with self._cond:
-                self._pending -= 1
-            raise
+            self._pending += 1
+
+    def release(self) -> None:
+        """An admitted request is no longer owed: answered, refused after all, or its
+        client gone. Any thread."""
+        with self._cond:
+            self._pending -= 1
+            self._last_activity = time.monotonic()
+            self._cond.notify_all()
 
     def reply(self, request_id: int, result: dict[str, Any] | None,
               error: ServerError | None) -> None:
-        """Responder for one admitted request (called from a session thread; never blocks)."""
+        """Send the reply of one admitted request (from any thread; never blocks)."""
         try:
             message = ok_reply(request_id, result or {}) if error is None else \
                 error_reply(request_id, error)
             self.send(message)
         finally:  # whatever happened, this request is no longer owed
-            with self._cond:
-                self._pending -= 1
-                self._last_activity = time.monotonic()
-                self._cond.notify_all()
+            self.release()
 
     def send(self, message: dict[str, Any], final: bool = False) -> bool:
         """Send one frame, or queue it for the writer, without blocking.

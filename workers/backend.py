@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from protocol.messages import ModelRequest
 from scheduling.queue import Responder, WorkItem
 from telemetry.stats import ServerStats
 
@@ -22,11 +23,12 @@ class Backend(Protocol):
     def start(self) -> None:
         """Load and warm up everything; return once serving. Raises RuntimeError if it cannot."""
 
-    def submit(self, question: str, context: str, respond: Responder,
+    def submit(self, request: ModelRequest, respond: Responder,
                alive: Callable[[], bool], enqueued_at: float, deadline: float | None) -> None:
-        """Admit one request now or raise a ServerError now (BadRequest, Overloaded,
-        ShuttingDown); once admitted, ``respond`` is called exactly once, with the answer or a
-        typed error (deadline_exceeded, engine_error, worker_lost, shutting_down, ...)."""
+        """Admit one request of the model's op now or raise a ServerError now (BadRequest,
+        Overloaded, ShuttingDown); once admitted, ``respond`` is called exactly once, with the
+        answer or a typed error (deadline_exceeded, engine_error, worker_lost, ...), unless
+        its client left first (``respond.abandon()``, where the responder has one)."""
 
     def flush(self) -> None:
         """Hand on what was submitted so far (called once per read of a connection, so that a

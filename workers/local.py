@@ -1,4 +1,4 @@
-"""Serving in one process: the QA task, a shared queue, N session threads and the deadline
+"""Serving in one process: the model's task, a shared queue, N session threads and the deadline
 reaper. ``--workers 1`` serves this way inside the server's own process; with ``--workers N``
 each worker process runs one of these behind its pipe (workers/worker_main.py)."""
 
@@ -14,24 +14,18 @@ from engines import load_engine
 from engines.base import Engine
 from engines.model_dir import ModelInfo
 from protocol.errors import ShuttingDown
+from protocol.messages import ModelRequest
 from scheduling.cost_model import CostModel
 from scheduling.planner import BatchPolicy
 from scheduling.pool import SessionPool
 from scheduling.queue import DeadlineReaper, Responder, WorkItem, WorkQueue
 from scheduling.session import BatchTask, InferenceSession
 from settings.server_config import ServerConfig
-from tasks.qa import QAConfig, QATask
+from tasks import load_task
+from tasks.base import Task
 from telemetry.stats import ServerStats
 
 log = logging.getLogger(__name__)
-
-
-def qa_config(config: ServerConfig, info: ModelInfo) -> QAConfig:
-    """How requests are windowed and answered, from the settings and the model's metadata."""
-    no_answer = info.squad2 if config.no_answer == "auto" else config.no_answer == "on"
-    return QAConfig(max_seq_len=min(config.max_seq_len, info.max_seq_len),
-                    doc_stride=config.doc_stride, max_answer_len=config.max_answer_len,
-                    handle_impossible_answer=no_answer)
 
 
 def batch_policy(config: ServerConfig) -> BatchPolicy:
@@ -102,7 +96,7 @@ def start_sessions(config: ServerConfig, factory: Callable[[], Engine], task: Ba
 
 
 class LocalBackend:
-    """Tokenizes requests as they are submitted and runs them on ``num_inference_sessions``
+    """Tokenizes requests (by the model's task) as they are submitted and runs them on ``num_inference_sessions``
     threads, each with its own engine.
 
     Args:
@@ -124,32 +118,29 @@ class LocalBackend:
         self.engine_factory = engine_factory or default_engine_factory(
             config, self.device, self.queue)
         self.policy = batch_policy(config)
-        self.task: QATask | None = None
+        self.task: Task | None = None
         self.pool: SessionPool | None = None
         self._reaper = DeadlineReaper(self.queue)
 
     def start(self) -> None:
-        """Load the tokenizer, then every session's engine (warmed up), then serve.
+        """Load the task (its tokenizer), then every session's engine (warmed up), then serve.
 
         Raises:
             RuntimeError: a session could not load its engine.
         """
-        self.task = QATask.from_dir(self.config.model_dir, qa_config(self.config, self.info),
-                                    input_names=self.info.input_names,
-                                    length_buckets=self.config.bucket_lengths())
+        self.task = load_task(self.config.model_dir, self.info, self.config)
         self._start_sessions(self.task)
         self._reaper.start()
 
-    def _start_sessions(self, task: QATask) -> None:
+    def _start_sessions(self, task: Task) -> None:
         try:
             self.pool = start_sessions(self.config, self.engine_factory, task, self.queue,
-                                       self.policy, self.stats, task.buckets,
-                                       task.config.max_seq_len)
+                                       self.policy, self.stats, task.buckets, task.max_seq_len)
         except RuntimeError:
             self.queue.close()
             raise
 
-    def submit(self, question: str, context: str, respond: Responder, alive: Callable[[], bool],
+    def submit(self, request: ModelRequest, respond: Responder, alive: Callable[[], bool],
                enqueued_at: float, deadline: float | None) -> None:
         """Tokenize one request and queue it; ``respond`` is called once when it is answered.
 
@@ -161,7 +152,7 @@ class LocalBackend:
         if self.task is None:
             raise ShuttingDown("not serving yet")
         self.queue.check_room()
-        features = self.task.preprocess(question, context)
+        features = self.task.features(request)
         self.queue.put(WorkItem(features=features, respond=respond, alive=alive,
                                 rows=features.rows,
                                 length=self.task.padded_length(features.max_len),

@@ -31,6 +31,7 @@ from typing import Any
 
 from engines.model_dir import ModelInfo
 from protocol.errors import ShuttingDown, WorkerLost, error_for_code
+from protocol.messages import ModelRequest
 from scheduling.pool import BACKOFF_S
 from scheduling.queue import DeadlineReaper, Responder, WorkItem, WorkQueue
 from settings.server_config import ServerConfig
@@ -128,7 +129,7 @@ class ProcessBackend:
                          name=f"worker-{handle.index}-pipe").start()
 
     # -- what the server calls -----------------------------------------------------------------
-    def submit(self, question: str, context: str, respond: Responder, alive: Any,
+    def submit(self, request: ModelRequest, respond: Responder, alive: Any,
                enqueued_at: float, deadline: float | None) -> None:
         """Queue one request for the next worker with room (it is tokenized there).
 
@@ -136,7 +137,7 @@ class ProcessBackend:
             ShuttingDown: the queue is closed.
             Overloaded: the queue is full.
         """
-        self.queue.put(WorkItem(features=(question, context), respond=respond, alive=alive,
+        self.queue.put(WorkItem(features=request, respond=respond, alive=alive,
                                 enqueued_at=enqueued_at, deadline=deadline))
 
     @property
@@ -200,17 +201,15 @@ class ProcessBackend:
         open_handles = [h for h in self.handles if h.state == "serving"]
         for item in items:
             if not item.alive():  # its client left while it waited
-                item.answered = True
-                self.stats.on_finished("client_gone", None)
+                item.drop()
                 continue
             # there is one: no more items were taken than the room counted in this hold
             handle = min((h for h in open_handles if len(h.jobs) < self.window),
                          key=lambda h: len(h.jobs))
             job_id = next(self._ids)
             handle.jobs[job_id] = item
-            question, context = item.features
             shares.setdefault(handle, []).append(
-                (job_id, question, context, item.enqueued_at, item.deadline))
+                (job_id, item.features, item.enqueued_at, item.deadline))
         return shares
 
     # -- a worker's pipe -----------------------------------------------------------------------

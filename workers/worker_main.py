@@ -4,7 +4,7 @@ The front end starts it as ``python -m workers.worker_main FD``. Messages (pickl
 the pipe, front end -> worker:
 
     (config, index, device, log_level)        first, once
-    ("jobs", [(job_id, question, context, enqueued_at, deadline), ...])
+    ("jobs", [(job_id, request, enqueued_at, deadline), ...])   (request: protocol.messages)
     ("stats", token)            ("stop",)
 
 and worker -> front end:
@@ -146,13 +146,13 @@ def _serve(conn: Connection, backend: LocalBackend, outbox: Outbox, stats: Serve
 
 def _submit(backend: LocalBackend, outbox: Outbox, job: Job) -> None:
     """Tokenize and queue one job; a job that cannot be admitted is answered at once."""
-    job_id, question, context, enqueued_at, deadline = job
+    job_id, request, enqueued_at, deadline = job
 
     def respond(result: dict[str, Any] | None, error: ServerError | None) -> None:
         outbox.answer(job_id, result, error)
 
     try:
-        backend.submit(question, context, respond, _always, enqueued_at, deadline)
+        backend.submit(request, respond, _always, enqueued_at, deadline)
     except ServerError as exc:
         outbox.answer(job_id, None, exc)
     except Exception as exc:  # noqa: BLE001 - one bad request fails alone

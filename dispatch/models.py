@@ -1,0 +1,206 @@
+"""The models one server serves: found in ``--model_dir``, each with its own task, backend
+(sessions, queue, batching, deadlines, overload) and statistics, and the routing of a request to
+one of them.
+
+``--model_dir`` is either one prepared model folder (it holds serving.json) or a repository of
+them: every subfolder holding a serving.json is a model named after the subfolder.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from engines.base import Engine
+from engines.model_dir import METADATA_FILE, ModelDirError, ModelInfo, load_model_info
+from engines.zero_engine import ZERO_ENGINE_WARNING
+from protocol.errors import BadRequest
+from protocol.messages import ModelRequest
+from settings.server_config import ServerConfig
+from tasks import task_class
+from telemetry.stats import ServerStats
+from workers.backend import Backend
+
+log = logging.getLogger(__name__)
+
+
+def find_models(model_dir: str | Path) -> list[tuple[str, Path]]:
+    """(name, folder) of each model in ``model_dir``: itself if it is a prepared model folder,
+    else each subfolder that is one, by name.
+
+    Raises:
+        ModelDirError: no prepared model there.
+    """
+    root = Path(model_dir)
+    if (root / METADATA_FILE).is_file():
+        return [(root.resolve().name, root)]
+    found = sorted(p for p in root.iterdir() if (p / METADATA_FILE).is_file()) \
+        if root.is_dir() else []
+    if not found:
+        raise ModelDirError(f"no prepared model in {root.resolve()} (no {METADATA_FILE} in it or "
+                            "in its subfolders); run `python prepare_model.py` first")
+    return [(path.name, path) for path in found]
+
+
+@dataclass(eq=False)
+class ServedModel:
+    """One model of the server: what it is, how it is served, what it counted."""
+
+    name: str
+    config: ServerConfig  # the server's, with model_dir set to this model's folder
+    info: ModelInfo
+    op: str
+    stats: ServerStats
+    fields: dict[str, str] = field(default_factory=dict)
+    backend: Backend | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """Its entry in the ``models`` op."""
+        out = {"name": self.name, "task": self.info.task, "op": self.op,
+               "inputs": dict(self.fields), "meaningful": self.info.meaningful,
+               "ready": self.backend is not None and self.backend.ready}
+        if self.info.warning:
+            out["warning"] = self.info.warning
+        return out
+
+
+def make_backend(config: ServerConfig, info: ModelInfo, stats: ServerStats,
+                 engine_factory: Callable[[], Engine] | None) -> Backend:
+    """The backend the settings ask for: in this process, worker processes, or a broker."""
+    if config.broker is not None:
+        from broker.frontend import RedisBackend  # imports redis only when asked for
+
+        return RedisBackend(config, info, stats)
+    if config.workers > 1:
+        from workers.processes import ProcessBackend
+
+        if engine_factory is not None:
+            raise ValueError("engine_factory serves in this process: use workers=1")
+        return ProcessBackend(config, info, stats,
+                              log_level=logging.getLogger().getEffectiveLevel())
+    from workers.local import LocalBackend
+
+    return LocalBackend(config, info, stats, device=config.worker_devices()[0],
+                        engine_factory=engine_factory)
+
+
+class ModelSet:
+    """Every served model, in name order, and the routing of requests to them.
+
+    Args:
+        config: The server's settings (``model_dir``: one model or a repository).
+        stats: The server's statistics; each model's count in them too.
+        engine_factory: Builds each session's engine, for every model (default: per settings).
+    """
+
+    def __init__(self, config: ServerConfig, stats: ServerStats,
+                 engine_factory: Callable[[], Engine] | None = None) -> None:
+        self.config = config
+        self.stats = stats
+        self.engine_factory = engine_factory
+        self.models: dict[str, ServedModel] = {}
+        self.task_ops: frozenset[str] = frozenset()  # plug-in ops (not built into the protocol)
+
+    def read(self) -> None:
+        """Find the models and read their metadata (nothing is loaded yet).
+
+        Raises:
+            ModelDirError: no model, or unreadable metadata.
+            ValueError: a task that cannot be loaded, or a layout the settings cannot serve.
+        """
+        for name, path in find_models(self.config.model_dir):
+            info = load_model_info(path)
+            if self.config.inference_engine_type == "zero":  # nothing runs the weights
+                info = replace(info, meaningful=False, warning=ZERO_ENGINE_WARNING)
+            cls = task_class(info.task)
+            self.models[name] = ServedModel(
+                name=name, config=replace(self.config, model_dir=str(path)), info=info,
+                op=cls.op, stats=ServerStats(cls.op, self.stats), fields=dict(cls.fields))
+        if self.config.broker is not None and len(self.models) > 1:
+            raise ValueError("--broker serves one qa model; --model_dir holds "
+                             f"{len(self.models)} ({', '.join(self.models)})")
+        from protocol.messages import REQUEST_PARSERS
+
+        self.task_ops = frozenset(m.op for m in self if m.op not in REQUEST_PARSERS)
+
+    def start(self) -> None:
+        """Load every model's task and engines, one model after another (each warms up alone).
+
+        Raises:
+            RuntimeError: a model could not load.
+        """
+        for model in self:
+            if not model.info.meaningful:
+                log.warning("%s: %s", model.name, model.info.warning)
+            model.backend = make_backend(model.config, model.info, model.stats,
+                                         self.engine_factory)
+            model.backend.start()
+
+    def __iter__(self) -> Iterator[ServedModel]:
+        return iter(self.models.values())
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    def route(self, request: ModelRequest) -> ServedModel:
+        """The model that serves ``request``: the one it names, else the only one serving its op.
+
+        Raises:
+            BadRequest: no such model, a model of another task, or several serve the op and the
+                request names none.
+        """
+        if request.model is not None:
+            model = self.models.get(request.model)
+            if model is None:
+                raise BadRequest(f"unknown model {request.model[:64]!r} (served: "
+                                 f"{', '.join(self.models)})", request_id=request.id)
+            if model.op != request.op:
+                raise BadRequest(f"model {model.name!r} serves {model.op!r} requests, not "
+                                 f"{request.op!r}", request_id=request.id)
+            return model
+        serving = [m for m in self if m.op == request.op]
+        if len(serving) == 1:
+            return serving[0]
+        if not serving:
+            raise BadRequest(f"no model here serves {request.op!r} requests (served: "
+                             f"{self._ops()})", request_id=request.id)
+        raise BadRequest(f"several models serve {request.op!r} requests "
+                         f"({', '.join(m.name for m in serving)}): name one with 'model'",
+                         request_id=request.id)
+
+    def _ops(self) -> str:
+        return ", ".join(f"{m.name}: {m.op}" for m in self)
+
+    @property
+    def ready(self) -> bool:
+        """Every model loaded and serving."""
+        return bool(self.models) and all(m.backend is not None and m.backend.ready
+                                         for m in self)
+
+    def flush(self) -> None:
+        """Hand on what one read of a connection admitted, for every model."""
+        for model in self:
+            if model.backend is not None:
+                model.backend.flush()
+
+    def purge_gone(self) -> None:
+        """Drop the waiting requests whose client has left, from every model's queue."""
+        for model in self:
+            if model.backend is not None:
+                for item in model.backend.purge(lambda item: not item.alive()):
+                    item.drop()
+
+    def stop(self, timeout: float) -> bool:
+        """Stop every model's backend (draining, within ``timeout`` in all); True if all
+        admitted work was run."""
+        until = time.monotonic() + timeout
+        drained = True
+        for model in self:
+            if model.backend is not None:
+                drained &= model.backend.stop(max(0.0, until - time.monotonic()))
+        return drained
+

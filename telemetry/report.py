@@ -1,0 +1,94 @@
+"""The ``stats`` op's result: the server's figures, and every model's.
+
+Each model counts its requests, batches and times in its own ``ServerStats``, which also counts
+them in the server's; figures kept in worker processes are added in when asked for. The top level
+of the result is the server's (with one model: that model's and the connections'), and
+``models`` has each model's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from telemetry.stats import ServerStats
+from workers.figures import summarize_worker
+
+if TYPE_CHECKING:
+    from dispatch.models import ModelSet, ServedModel
+    from settings.server_config import ServerConfig
+
+
+def model_figures(model: ServedModel) -> tuple[list[dict[str, Any]], ServerStats]:
+    """A model's worker entries (each asked for its figures now) and its statistics summed
+    over them."""
+    backend = model.backend
+    if backend is None:
+        return [], model.stats
+    figures = backend.worker_figures()
+    return figures, backend.summed(model.stats, figures)
+
+
+def collect_stats(config: ServerConfig, stats: ServerStats, models: ModelSet,
+                  ready: bool) -> tuple[dict[str, Any], ServerStats, dict[str, ServerStats]]:
+    """The ``stats`` result, the summed statistics it came from, and each model's."""
+    total, per_model, workers, entries = stats, {}, [], {}
+    for model in models:
+        figures, merged = model_figures(model)
+        per_model[model.name] = merged
+        if model.backend is not None:  # the server's own counts every model's already
+            total = model.backend.summed(total, figures)
+        workers += [{**summarize_worker(worker), "model": model.name} for worker in figures]
+        entries[model.name] = _model_entry(model, merged, config)
+    result = total.snapshot()
+    result["queue_depth"] = sum(entry["queue_depth"] for entry in entries.values())
+    result["ready"] = ready
+    result["config"] = {k: v for k, v in asdict(config).items() if v is not None}
+    if config.broker is not None:
+        from broker.connect import redact
+
+        result["config"]["broker"] = redact(config.broker)  # no password in stats
+    first = next(iter(models), None)
+    if first is not None:
+        result["model"] = _summary(models)
+        result["batching"] = entries[first.name]["batching"]
+        for key in ("engine", "broker"):
+            if key in entries[first.name]:
+                result[key] = entries[first.name][key]
+    result["workers"] = workers
+    result["models"] = entries
+    return result, total, per_model
+
+
+def _summary(models: ModelSet) -> dict[str, Any]:
+    """The top level's ``model``: the one model, or the names of all."""
+    served = list(models)
+    if len(served) == 1:
+        info = served[0].info
+        out = {"name": info.model_name, "source": info.source, "meaningful": info.meaningful}
+        if info.warning:
+            out["warning"] = info.warning
+        return out
+    return {"name": ", ".join(m.name for m in served), "source": "model repository",
+            "meaningful": all(m.info.meaningful for m in served)}
+
+
+def _model_entry(model: ServedModel, merged: ServerStats, config: ServerConfig) -> dict[str, Any]:
+    """One model's part of the result: what it is, its figures, its batching and engine."""
+    snap = merged.snapshot()
+    described = model.backend.describe() if model.backend is not None else {}
+    entry = {"name": model.info.model_name, "task": model.info.task, "op": model.op,
+             "meaningful": model.info.meaningful,
+             "ready": model.backend is not None and model.backend.ready,
+             "queue_depth": model.backend.queue_depth if model.backend is not None else 0}
+    for key in ("requests", "admitted", "in_flight", "batches", "batch_size_histogram",
+                "mean_batch_size", "batch_rows", "queue_time", "engine_time", "request_time"):
+        entry[key] = snap[key]
+    entry["batching"] = {"mode": config.batching,
+                         "max_batch_size": described.get("max_batch_size", config.max_batch_size),
+                         "max_batch_tokens": config.max_batch_tokens,
+                         "cost_model_ms": described.get("cost_model_ms", {})}
+    for key in ("engine", "broker"):
+        if key in described:
+            entry[key] = described[key]
+    return entry
