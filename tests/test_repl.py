@@ -1,4 +1,5 @@
-"""The REPL as a person uses it: in a real pseudo-terminal, with long pasted texts, against a server."""
+"""The REPL as a person uses it: in a real pseudo-terminal, with long pasted texts, against a
+server."""
 
 from __future__ import annotations
 
@@ -194,3 +195,28 @@ def test_piped_input_takes_one_line_per_text_of_any_length(
     assert done.returncode == 0 and "(20,000 characters)" in done.stdout
     assert done.stdout.count("answer: ") == 1 and done.stdout.count("NOT MEANINGFUL") == 1
     assert engine.rows_run - rows_before == rows_for(srv, QUESTIONS[1], context)
+
+
+def test_an_embed_model_in_a_terminal_compares_two_pasted_texts(
+        tmp_path: Path, terminals: list[Terminal]) -> None:
+    from tests.text_models import build_tiny_embed_dir
+
+    config = ServerConfig(port=0, model_dir=str(build_tiny_embed_dir(tmp_path / "emb")),
+                          num_inference_sessions=1, threads_per_session=1)
+    with InferenceServer(config) as srv:
+        term = Terminal("--host", srv.address[0], "--port", str(srv.address[1]))
+        terminals.append(term)
+        intro = term.read_until("first text (end with an empty line)> ")
+        assert "model emb (embed)" in intro and intro.count("random weights") == 1
+        assert "cosine similarity" in intro and "Ctrl+D quits" in intro
+        text = long_context(6_000, paragraph_break=True)
+        term.type("\x1b[200~" + text + "\n\x1b[201~").join(30)  # a marked paste, then Enter
+        term.type("\n")
+        term.read_until("second text (end with an empty line)> ")
+        term.type("\x1b[200~" + text + "\x1b[201~").join(30)  # the same text, whole again
+        term.type("\n\n")
+        shown = term.read_until("latency: ")
+        assert "cosine similarity: 1.0000  dim: 32" in shown
+        term.read_until("first text (end with an empty line)> ")
+        term.type("\x04")
+        assert term.close() == 0
