@@ -46,7 +46,7 @@ def test_each_request_is_answered_by_the_model_it_names(server: InferenceServer,
                                                         repository: Path) -> None:
     references = {name: Reference(repository / name) for name in ("alpha", "beta")}
     differ = [references["alpha"].answer(q, c) != references["beta"].answer(q, c)
-              for q, c in zip(QUESTIONS, CONTEXTS)]
+              for q, c in zip(QUESTIONS, CONTEXTS, strict=True)]
     assert any(differ), "the two models must answer differently for this test to mean anything"
     conn = RawConnection(server.address)
     messages = [qa_request(i, QUESTIONS[i % 6], CONTEXTS[i % 6], model=("alpha", "beta")[i % 2])

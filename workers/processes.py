@@ -9,9 +9,8 @@ cost model), runs its sessions and post-processes; answers come back in bulk on 
 
 A worker that dies (SIGKILL, a crash) is noticed when its pipe closes: every request it held is
 answered with ``worker_lost`` at once, and it is restarted (with a growing back-off while
-restarts keep failing to load) while the others keep serving.
-
-The queue sits behind ``Backend`` (workers/backend.py); a networked broker implements the same.
+restarts keep failing to load) while the others keep serving. The queue sits behind ``Backend``
+(workers/backend.py); a networked broker implements the same.
 """
 
 from __future__ import annotations
