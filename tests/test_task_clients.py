@@ -220,3 +220,32 @@ def test_stress_test_names_the_model_and_refuses_a_run_the_server_would_refuse(
     assert qa2.returncode == 0 and "task: qa, model qa2" in qa2.stdout
     bad = run(server, "stress_test.py", "--texts_per_request", "2")  # qa has no texts
     assert bad.returncode == 2 and "--texts_per_request needs --task embed" in bad.stderr
+
+
+# -- a plug-in task ----------------------------------------------------------------------------
+def test_a_plug_in_task_through_the_client_and_the_repl(
+        repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = (ROOT / "docs" / "tasks.md").read_text()  # the example of docs/tasks.md, as written
+    (tmp_path / "mytasks").mkdir()
+    (tmp_path / "mytasks" / "__init__.py").write_text("")
+    (tmp_path / "mytasks" / "classify_many.py").write_text(
+        doc.split("# mytasks/classify_many.py\n", 1)[1].split("```", 1)[0])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = shutil.copytree(repository / "cls", tmp_path / "models" / "many")
+    meta = json.loads((folder / "serving.json").read_text())
+    (folder / "serving.json").write_text(
+        json.dumps({**meta, "task": "mytasks.classify_many:ClassifyManyTask"}))
+    config = ServerConfig(port=0, model_dir=str(folder), num_inference_sessions=1,
+                          threads_per_session=1)
+    with InferenceServer(config) as srv, Client(*srv.address) as client:
+        (model,) = client.models(timeout=30)
+        assert (model["name"], model["op"]) == ("many", "classify_many")
+        result = client.call("classify_many", {"texts": ["great film", "dull"]}, timeout=30)
+        assert len(result["labels"]) == 2 and set(result["labels"]) <= set(TINY_LABELS)
+        future = client.submit_op("classify_many", {"texts": ["ok"]}, model="many")
+        assert len(future.result(timeout=30)["scores"]) == 1
+        with pytest.raises(BadRequest, match="1 to 64"):  # the task's own check
+            client.call("classify_many", {"texts": "one"}, timeout=30)
+        done = run(srv, "client.py", stdin="great film\n")
+    assert done.returncode == 0, done.stderr
+    assert "texts (array of 1 to 64 strings)> " in done.stdout and "labels: ['" in done.stdout
