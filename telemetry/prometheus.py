@@ -122,8 +122,9 @@ def _model_families(entries: dict[str, dict[str, Any]],
 
 
 def _worker_families(workers: list[dict[str, Any]]) -> Iterator[Metric]:
-    """Per-worker series (labels worker, device), and batches and engine time per device."""
-    labels = ["worker", "device"]
+    """Per-worker series (labels model, worker, device), and batches and engine time per
+    device."""
+    labels = ["model", "worker", "device"]
     up = GaugeMetricFamily(f"{PREFIX}_worker_up", "1 while the worker is serving", labels=labels)
     held = GaugeMetricFamily(f"{PREFIX}_worker_in_flight_requests", "Requests a worker holds",
                              labels=labels)
@@ -135,7 +136,7 @@ def _worker_families(workers: list[dict[str, Any]]) -> Iterator[Metric]:
                                "batches", labels=labels)
     per_device: dict[str, list[float]] = {}
     for worker in workers:
-        label = [str(worker["worker"]), str(worker["device"])]
+        label = [str(worker.get("model", "")), str(worker["worker"]), str(worker["device"])]
         up.add_metric(label, int(worker["state"] == "serving"))
         held.add_metric(label, worker["in_flight"])
         restarts.add_metric(label, worker["restarts"])

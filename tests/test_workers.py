@@ -100,7 +100,7 @@ def test_stats_and_metrics_are_summed_over_workers_with_series_per_worker(
                   if key[0] == "qa_server_worker_batches_total"}
     assert sorted(per_worker) == ["0", "1"]
     assert metrics[("qa_server_batches_total",)] == sum(per_worker.values()) >= stats["batches"]
-    assert all(metrics[("qa_server_worker_up", ("device", w["device"]),
+    assert all(metrics[("qa_server_worker_up", ("device", w["device"]), ("model", w["model"]),
                         ("worker", str(w["worker"])))] == 1 for w in workers)
     assert metrics[("qa_server_device_batches_total", ("device", "cpu"))] == \
         metrics[("qa_server_batches_total",)]
