@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from protocol.codec import FrameDecoder, encode_frame
-from protocol.errors import ERRORS_BY_CODE
 from protocol.errors import (
+    ERRORS_BY_CODE,
     BadRequest,
     DeadlineExceeded,
     EngineError,

@@ -22,7 +22,6 @@ from transport.coalesce import coalesced_sends
 from workers.processes import ProcessBackend
 
 
-
 def test_a_drained_stop_has_delivered_every_answer_popped_from_a_worker(
         tiny_model_dir: Path) -> None:
     """stop() reports drained only once answers taken from a worker's jobs are delivered."""
