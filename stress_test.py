@@ -3,7 +3,7 @@
     python stress_test.py --num_simultaneous_clients 5 --num_total_clients 100
     python stress_test.py --sweep 1,5,20,50 --json runs.json --plot runs.png   # about a minute
     python stress_test.py --rate 50 --duration 30            # open loop: Poisson arrivals
-    python stress_test.py --task embed --texts_per_request 8 --model minilm   # another task
+    python stress_test.py --task embed --texts_per_request 8   # embed requests of 8 texts
 
 Closed loop (the default): ``--num_total_clients`` client connections,
 ``--num_simultaneous_clients`` at a time, each sending ``--num_request_per_client`` requests
