@@ -91,7 +91,8 @@ class ServerConfig:
                                    "not read before it is disconnected", flag="--send_timeout")
     no_answer: str = option("auto", "SQuAD2 'no answer' (auto: on for SQuAD2 models)",
                             choices=("auto", "on", "off"))
-    max_seq_len: int = option(384, "tokens per window (capped by the model)")
+    max_seq_len: int = option(384, "tokens per QA window, or per text to embed or classify "
+                              "(longer texts are cut); capped by each model")
     doc_stride: int = option(128, "tokens shared by neighbouring windows of a long context")
     max_answer_len: int = option(15, "longest answer, tokens")
     shutdown_timeout_s: float = option(30.0, "seconds to finish admitted work on stop",
