@@ -44,9 +44,9 @@ class InferenceServer:
 
     Args:
         config: Serving settings; ``port=0`` picks a free port (see ``address``).
-        engine_factory: Builds each session's engine; default: ``load_engine`` with the
-            config's engine type, model folder, device and threads. Lets users (and tests) serve
-            an engine of their own with the same QA task.
+        engine_factory: Builds each session's engine, for every model served; default:
+            ``load_engine`` with the config's engine type, the model's folder, device and
+            threads. Lets users (and tests) serve an engine of their own with the same task.
     """
 
     def __init__(self, config: ServerConfig,

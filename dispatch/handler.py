@@ -72,7 +72,7 @@ class RequestHandler:
         try:
             request = parse_request(message, ops)
             request_id = request.id
-            if isinstance(request, ModelRequest.__args__):  # type: ignore[attr-defined]
+            if isinstance(request, ModelRequest):
                 model = self.models.route(request)
                 counted = model.stats
                 self._admit(model, request, conn)

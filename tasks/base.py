@@ -18,9 +18,14 @@ The path of one request::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from engines.model_dir import ModelInfo
+    from settings.server_config import ServerConfig
 
 
 class Features(Protocol):
@@ -55,6 +60,11 @@ class Task(Protocol):
     output_names: tuple[str, ...]
     buckets: tuple[int, ...]
     max_seq_len: int
+
+    @classmethod
+    def from_model(cls, model_dir: str | Path, info: ModelInfo, config: ServerConfig) -> Task:
+        """Build the task of a prepared model folder under the server's settings (once per
+        model, in each process that serves it)."""
 
     def features(self, request: Any) -> Features:
         """Validate and tokenize one request (a protocol request of ``op``).
