@@ -315,6 +315,19 @@ def test_the_ready_probe_and_one_shot_take_a_token(server: InferenceServer,
     assert once.returncode == 0 and "answer: " in once.stdout, once.stderr
 
 
+def test_the_stress_test_authenticates_every_connection_with_its_token(
+        server: InferenceServer, token_file: Path) -> None:
+    run = [sys.executable, "stress_test.py", "--host", server.address[0], "--port",
+           str(server.address[1]), "--num_simultaneous_clients", "2", "--num_total_clients", "4",
+           "--num_request_per_client", "2", "--warmup", "1", "--processes", "1", "--no_progress"]
+    done = subprocess.run([*run, "--token_file", str(token_file)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "requests: 8   ok: 8   errors: none" in done.stdout
+    refused = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "refused the connection" in refused.stderr
+
+
 def test_the_docker_health_check_can_carry_a_token() -> None:
     dockerfile = (ROOT / "docker" / "server.Dockerfile").read_text()
     assert "QA_SERVER_TOKEN_FILE" in dockerfile and "--auth_token_file" in dockerfile
