@@ -4,6 +4,7 @@
     python client.py --model NAME                      # the REPL, with that served model
     python client.py --context_file article.txt        # the REPL, starting with that text
     python client.py --question "Who?" --context "Bob went home."
+    python client.py --token_file my_token.txt         # a server with --auth_token_file
 
 The REPL and the command line live in console/ (console/cli.py); ``python client.py`` runs them.
 

@@ -231,6 +231,13 @@ def test_an_authenticated_connection_outlives_the_auth_timeout(server: Inference
             "authenticated": True, "required": True}  # auth again: checked again, fine
 
 
+def test_a_reopened_client_authenticates_with_the_same_token(server: InferenceServer) -> None:
+    with Client(*server.address, token=TOKENS[0]) as first:  # the REPL reconnects this way
+        second = first.reopen()
+    with second:
+        assert second.ping(timeout=10)["pong"] is True
+
+
 def scrape(srv: InferenceServer) -> str:
     assert srv.metrics_address is not None
     host, port = srv.metrics_address
