@@ -4,13 +4,14 @@
     python client.py --model NAME                      # the REPL, with that served model
     python client.py --context_file article.txt        # the REPL, starting with that text
     python client.py --question "Who?" --context "Bob went home."
+    python client.py --token_file my_token.txt         # a server with --auth_token_file
 
 The REPL and the command line live in console/ (console/cli.py); ``python client.py`` runs them.
 
 Library use::
 
     from client import Client
-    with Client("127.0.0.1", 9999) as c:
+    with Client("127.0.0.1", 9999) as c:       # token="...": a server with --auth_token_file
         print(c.models())                                 # what the server serves
         print(c.answer("Who went home?", "Bob went home."))
         vectors = c.embed(["a cat", "a dog"])             # one unit vector per text
@@ -34,6 +35,7 @@ from protocol import (
     FrameDecoder,
     ProtocolError,
     ServerError,
+    auth_request,
     encode_frame,
     models_request,
     parse_reply,
@@ -59,13 +61,24 @@ class Client:
     Args:
         host: Server address.
         port: Server port.
-        connect_timeout: Seconds to wait for the TCP connection.
+        connect_timeout: Seconds to wait for the TCP connection, and for the ``auth`` reply.
         max_frame_size: Largest reply frame accepted.
+        token: Authenticate with this token (a server started with ``--auth_token_file``): the
+            ``auth`` request is sent first and answered before the constructor returns. None:
+            send none (a server that requires one closes the connection at the first request,
+            which then fails with ``Unauthorized``).
+
+    Raises:
+        OSError: the connection could not be made.
+        Unauthorized: the server refused ``token``.
+        ConnectionLost, TimeoutError: no answer to ``auth`` (within ``connect_timeout``).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 9999, *, connect_timeout: float = 10.0,
-                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, token: str | None = None) -> None:
         self.address = (host, port)
+        self._options = {"connect_timeout": connect_timeout, "max_frame_size": max_frame_size,
+                         "token": token}  # for reopen(); never printed
         self._sock = socket.create_connection(self.address, timeout=connect_timeout)
         self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -77,6 +90,20 @@ class Client:
         self._closed: BaseException | None = None
         self._reader = threading.Thread(target=self._read_loop, name="client-reader", daemon=True)
         self._reader.start()
+        if token is not None:
+            self._authenticate(token, connect_timeout)
+
+    def _authenticate(self, token: str, timeout: float) -> None:
+        """Send ``auth`` and wait for its answer; on refusal or silence, close and raise."""
+        try:
+            self.wait(self.request(lambda rid: auth_request(rid, token)), timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def reopen(self) -> Client:
+        """A new connection to the same server with the same settings (the token too)."""
+        return Client(*self.address, **self._options)
 
     # -- model requests ------------------------------------------------------------------------
     def submit_op(self, op: str, fields: Mapping[str, Any], *, timeout_ms: float | None = None,

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dispatch.auth import Authenticator, TokenSet
 from dispatch.handler import RequestHandler
 from dispatch.models import ModelSet
 from engines.base import Engine
@@ -59,8 +60,9 @@ class InferenceServer:
         self.frame_timeout_s = config.frame_timeout_s
         self.stats = ServerStats()
         self.models = ModelSet(config, self.stats, engine_factory)
+        self.auth = Authenticator(None, config.auth_timeout_s, self.stats)  # tokens: start()
         self.handler = RequestHandler(self.models, config.limits(), self.stats, self,
-                                      config.request_timeout_ms)
+                                      config.request_timeout_ms, self.auth)
         self.metrics_address: tuple[str, int] | None = None
         self._metrics_httpd: Any = None
         self.connections: set[Connection] = set()
@@ -76,12 +78,16 @@ class InferenceServer:
         loaded. A start that fails releases whatever it had started before raising.
 
         Raises:
+            TokenFileError: ``auth_token_file`` cannot be read or holds no token (read first,
+                on every start: a token removed from the file no longer works after a restart).
             BindError: the address (or the metrics port) cannot be bound: taken, privileged,
                 not this machine's.
             ModelDirError: no prepared model in ``model_dir``.
             RuntimeError: a session failed to load its engine.
         """
         cfg = self.config
+        if cfg.auth_token_file is not None:
+            self.auth.tokens = TokenSet.from_file(cfg.auth_token_file)
         self._listener = Listener(bind_socket(cfg.host, cfg.port), self._accept)
         try:
             self._publish_address(False)  # a file left by an earlier run must not say "up"
@@ -153,6 +159,10 @@ class InferenceServer:
                  "(docs/operations.md)", cfg.max_queue, cfg.request_timeout_ms,
                  cfg.max_connections, cfg.idle_timeout_s, cfg.frame_timeout_s,
                  cfg.max_frame_size, cfg.max_question_chars, cfg.max_context_chars)
+        if self.auth.tokens is not None:
+            log.info("token authentication: %d tokens from %s; a connection must authenticate "
+                     "within %g s (auth_timeout)", len(self.auth.tokens), cfg.auth_token_file,
+                     cfg.auth_timeout_s)
         log.info("serving on %s:%d%s", host, port, "" if host != "127.0.0.1" else
                  " (local only; --host 0.0.0.0 to serve other machines)")
 
@@ -176,6 +186,7 @@ class InferenceServer:
             full = len(self.connections) >= self.config.max_connections
             conn = None if full else Connection(sock, peer, self)
             if conn is not None:
+                self.handler.connected(conn)  # its auth state and deadline, before any read
                 self.connections.add(conn)
         if conn is None:
             self.stats.count_event("connection_refused")

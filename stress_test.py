@@ -43,8 +43,9 @@ from bench.plots import plot_runs
 from bench.report import format_report, format_tables
 from client import Client
 from console.catalog import routed_to
-from protocol import BadRequest
+from protocol import BadRequest, Unauthorized
 from settings.cli import HelpFormatter
+from settings.tokens import add_token_options, token_from
 
 __all__ = ["DEFAULT_DATA", "DEFAULT_LEVEL_SECONDS", "TASKS", "build_parser", "load_mix",
            "load_pairs", "load_texts", "main", "parse_args", "run_closed_loop", "run_open_loop",
@@ -59,7 +60,7 @@ def run_closed_loop(host: str, port: int, *, clients: int, requests_per_client: 
                     pairs: Sequence[Item], pipeline: int = 1, processes: int | None = None,
                     warmup: int = 0, progress: bool = True, total_clients: int | None = None,
                     timeout_s: float = 120.0, budget_s: float | None = None, op: str = "qa",
-                    model: str | None = None) -> dict[str, Any]:
+                    model: str | None = None, token: str | None = None) -> dict[str, Any]:
     """Closed loop: ``clients`` connections at a time, each sending as soon as a reply is in.
 
     Args:
@@ -78,6 +79,7 @@ def run_closed_loop(host: str, port: int, *, clients: int, requests_per_client: 
             requests in flight then are still answered and counted. None: no time limit.
         op: The op of the mix's field maps (pairs are qa requests).
         model: The served model every request names; None: the one serving the op.
+        token: Authenticate every connection with it (a server with ``--auth_token_file``).
 
     Returns:
         ``{"settings", "started", "requests", "ok", "errors": {code: n}, "wall_s",
@@ -95,7 +97,7 @@ def run_closed_loop(host: str, port: int, *, clients: int, requests_per_client: 
     if budget_s is not None:
         check_positive(budget_s=budget_s)
     specs = [ClosedSpec(host, port, tuple(pairs), slots, requests_per_client, pipeline, timeout_s,
-                        budget_s, op, model) for slots in split_evenly(clients, procs)]
+                        budget_s, op, model, token) for slots in split_evenly(clients, procs)]
     settings = {"mode": "closed", "clients": clients, "total_clients": total_clients,
                 "requests_per_client": requests_per_client, "pipeline": pipeline,
                 "budget_s": budget_s, "processes": procs, "warmup": warmup, "pairs": len(pairs),
@@ -113,7 +115,8 @@ def run_open_loop(host: str, port: int, *, rate: float, duration_s: float,
                   pairs: Sequence[Item], processes: int | None = None, warmup: int = 0,
                   progress: bool = True, connections: int | None = None,
                   max_requests: int | None = None, timeout_s: float = 120.0,
-                  seed: int = 0, op: str = "qa", model: str | None = None) -> dict[str, Any]:
+                  seed: int = 0, op: str = "qa", model: str | None = None,
+                  token: str | None = None) -> dict[str, Any]:
     """Open loop: Poisson arrivals at ``rate`` requests/s in total, sent whatever the replies do.
 
     Each latency runs from the request's scheduled send time, so a server (or a sender) that
@@ -130,7 +133,7 @@ def run_open_loop(host: str, port: int, *, rate: float, duration_s: float,
         max_requests: Stop after this many arrivals in total (the first limit reached wins).
         timeout_s: Seconds without a reply, once all are sent, after which the rest time out.
         seed: Seeds the arrival times (process i uses ``seed + i``).
-        op, model: As for ``run_closed_loop``.
+        op, model, token: As for ``run_closed_loop``.
 
     Returns:
         As ``run_closed_loop``, plus ``send_lag`` (how late sends were against the schedule).
@@ -143,7 +146,7 @@ def run_open_loop(host: str, port: int, *, rate: float, duration_s: float,
     connections = max(connections or procs, procs)
     counts = split_evenly(max_requests, procs) if max_requests is not None else [None] * procs
     specs = [OpenSpec(host, port, tuple(pairs), conns, rate / procs, duration_s, count, seed + i,
-                      i * len(pairs) // procs, timeout_s, op, model)
+                      i * len(pairs) // procs, timeout_s, op, model, token)
              for i, (conns, count) in enumerate(zip(split_evenly(connections, procs), counts,
                                                     strict=True))]
     settings = {"mode": "open", "rate": rate, "duration_s": duration_s,
@@ -160,13 +163,13 @@ def run_sweep(host: str, port: int, *, levels: Sequence[int], requests_per_clien
               processes: int | None = None, warmup: int = 0, progress: bool = True,
               timeout_s: float = 120.0, level_seconds: float | None = DEFAULT_LEVEL_SECONDS,
               on_run: Callable[[dict[str, Any]], None] | None = None, op: str = "qa",
-              model: str | None = None) -> list[dict[str, Any]]:
+              model: str | None = None, token: str | None = None) -> list[dict[str, Any]]:
     """One closed-loop run per concurrency level (warm-up before the first only).
 
     Each level runs up to ``max(level, total_clients)`` client connections of
     ``requests_per_client`` requests, and sends nothing new after ``level_seconds`` (None: no
-    time limit); whichever limit comes first ends it (the run's ``stopped_by``). ``op`` and
-    ``model`` as for ``run_closed_loop``.
+    time limit); whichever limit comes first ends it (the run's ``stopped_by``). ``op``,
+    ``model`` and ``token`` as for ``run_closed_loop``.
     """
     runs = []
     for n, level in enumerate(levels):
@@ -174,7 +177,7 @@ def run_sweep(host: str, port: int, *, levels: Sequence[int], requests_per_clien
             host, port, clients=level, requests_per_client=requests_per_client, pairs=pairs,
             pipeline=pipeline, processes=processes, warmup=warmup if n == 0 else 0,
             progress=progress, total_clients=max(level, total_clients), timeout_s=timeout_s,
-            budget_s=level_seconds, op=op, model=model))
+            budget_s=level_seconds, op=op, model=model, token=token))
         if on_run is not None:
             on_run(runs[-1])
     return runs
@@ -233,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds without any reply after which the rest count as timeout")
     p.add_argument("--seed", type=int, default=0, help="seed of the open loop's arrival times")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    add_token_options(p)
     return p
 
 
@@ -241,6 +245,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     the requests of ``--task``)."""
     p = build_parser()
     args = p.parse_args(argv)
+    args.token = token_from(args, p)
     if args.rate is not None and (args.sweep or args.pipeline != 1):
         p.error("--rate (open loop) does not go with --sweep or --pipeline")
     if args.duration is not None and args.rate is None:
@@ -263,20 +268,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def check_served(host: str, port: int, task: str, model: str | None) -> None:
+def check_served(host: str, port: int, task: str, model: str | None,
+                 token: str | None = None) -> None:
     """Refuse a run whose every request the server would refuse (``bad_request``): ``model``
     not served or serving another op, or no model, or several and none named, serving ``task``.
     A server older than the ``models`` op is not checked.
 
     Raises:
         ValueError: what is wrong, with what the server serves.
-        ConnectionError: the server cannot be reached.
+        ConnectionError: the server cannot be reached, or refused the token (or the lack of one).
     """
     try:
-        with Client(host, port) as client:
+        with Client(host, port, token=token) as client:
             models = client.models(timeout=30)
     except BadRequest:
         return
+    except Unauthorized as exc:
+        raise ConnectionError(f"{host}:{port} refused the connection: {exc.message} "
+                              "(--token, --token_file)") from None
     except OSError as exc:
         raise ConnectionError(f"cannot reach {host}:{port}: {exc}") from exc
     target = routed_to(models, task, model)
@@ -296,10 +305,10 @@ def check_served(host: str, port: int, task: str, model: str | None) -> None:
 
 def _runs(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
     """Run what the options ask for, appending each result to ``runs`` and printing it."""
-    check_served(args.host, args.port, args.task, args.model)
+    check_served(args.host, args.port, args.task, args.model, args.token)
     common = {"pairs": args.pairs, "processes": args.processes, "warmup": args.warmup,
               "progress": not args.no_progress, "timeout_s": args.timeout, "op": args.task,
-              "model": args.model}
+              "model": args.model, "token": args.token}
 
     def record(result: dict[str, Any]) -> None:
         result["settings"]["data"] = str(args.data or DEFAULT_DATA)

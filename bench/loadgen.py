@@ -28,7 +28,7 @@ from array import array
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -55,6 +55,7 @@ class ClosedSpec:
     budget_s: float | None = None  # seconds from the start after which nothing new is sent
     op: str = "qa"  # the op of the mix's field maps
     model: str | None = None  # the served model every request names (None: the server's pick)
+    token: str | None = field(default=None, repr=False)  # authenticate each connection with it
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class OpenSpec:
     timeout_s: float
     op: str = "qa"
     model: str | None = None
+    token: str | None = field(default=None, repr=False)
 
 
 def send(client: Client, item: Item, op: str = "qa",
@@ -279,7 +281,7 @@ def _slot(spec: ClosedSpec, tickets: Any, recorder: Recorder, deadline: float) -
             return
         recorder.client_started()
         try:
-            client = Client(spec.host, spec.port)
+            client = Client(spec.host, spec.port, token=spec.token)
         except OSError:
             recorder.failed("connect_failed", spec.requests_per_client)
             continue
@@ -376,7 +378,8 @@ def open_worker(spec: OpenSpec, index: int, events: Any, go: Any, tickets: Any) 
     """Process entry point of an open-loop worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        clients = [Client(spec.host, spec.port) for _ in range(spec.connections)]
+        clients = [Client(spec.host, spec.port, token=spec.token)
+                   for _ in range(spec.connections)]
     except OSError as exc:
         events.put(("failed", index, f"cannot connect to {spec.host}:{spec.port}: {exc}"))
         return

@@ -15,6 +15,7 @@ from console.modes import print_answer
 from console.repl import repl
 from protocol import ServerError
 from settings.cli import HelpFormatter, shout
+from settings.tokens import add_token_options, token_from
 
 
 def probe(client: Client, timeout: float) -> int:
@@ -48,8 +49,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     text.add_argument("--context_file", help="read the text from this UTF-8 file, any length")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for an answer")
     p.add_argument("--ready", action="store_true",
-                   help="health probe: exit 0 if the server is ready, 1 if not, 2 if unreachable")
+                   help="health probe: exit 0 if the server is ready, 1 if not (or it refused "
+                   "the token), 2 if unreachable")
+    add_token_options(p)
     args = p.parse_args(argv)
+    args.token = token_from(args, p)
     if args.context_file is not None:
         try:
             args.context = Path(args.context_file).read_text(encoding="utf-8")
@@ -89,19 +93,27 @@ def read_address_file(path: str) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; returns the exit status (2: the server, or the model, is not there)."""
+    """CLI entry point; returns the exit status (2: the server, or the model, is not there;
+    1: it refused the token, or has none)."""
     args = parse_args(argv)
+    where = args.address_file or f"{args.host}:{args.port}"
     try:
         if args.address_file is not None:
             args.host, args.port = read_address_file(args.address_file)
-        client = Client(args.host, args.port)
+        client = Client(args.host, args.port, token=args.token)
+    except ServerError as exc:  # it answered, and refused the token
+        print(f"{where} refused the connection [{exc.code}]: {exc.message}", file=sys.stderr)
+        return 1
     except OSError as exc:
-        where = args.address_file or f"{args.host}:{args.port}"
         print(f"cannot connect to {where}: {exc}", file=sys.stderr)
         return 2
     with client:
-        if args.ready:
-            return probe(client, args.timeout)
-        if args.question is None:
-            return repl(client, args.context, args.model)
-        return one_shot(client, args.question, args.context, args.timeout, args.model)
+        try:
+            if args.ready:
+                return probe(client, args.timeout)
+            if args.question is None:
+                return repl(client, args.context, args.model)
+            return one_shot(client, args.question, args.context, args.timeout, args.model)
+        except ServerError as exc:  # e.g. unauthorized: the server wants a token
+            print(f"error [{exc.code}]: {exc.message}", file=sys.stderr)
+            return 1

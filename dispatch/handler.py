@@ -1,6 +1,9 @@
 """Every decoded message of every connection goes through here: parse, route to a model, check
 its limits, admit it, count it, and turn whatever goes wrong into its one reply.
 
+A connection that has not authenticated (``--auth_token_file``) is dispatch/auth.py's until it
+has: nothing it sends is parsed beyond its op, routed or admitted.
+
 A request that runs a model gets a Completion (dispatch/completion.py) at admission, which answers
 it exactly once and counts it once, in its model's statistics. Requests refused before that are
 counted here: in their model's statistics once routed, else in the server's.
@@ -12,24 +15,20 @@ import logging
 import time
 from typing import Any, Protocol
 
+from dispatch.auth import Authenticator, Guarded
 from dispatch.completion import Completion, Replier
 from dispatch.models import ModelSet, ServedModel
 from protocol import error_reply, ok_reply, parse_request
 from protocol.errors import InternalError, ServerError, ShuttingDown
 from protocol.limits import FieldLimits
-from protocol.messages import ModelRequest, Request, op_name
+from protocol.messages import AuthRequest, ModelRequest, Request, op_name
 from telemetry.stats import ServerStats
 
 log = logging.getLogger("server.requests")
 
 
-class Sender(Replier, Protocol):
-    """The connection a message came on."""
-
-    peer: str
-
-    def send(self, message: dict[str, Any], final: bool = False) -> bool:
-        """Send one reply frame without blocking."""
+class Sender(Replier, Guarded, Protocol):
+    """The connection a message came on; ``state`` is its authentication (dispatch/auth.py)."""
 
     def is_open(self) -> bool:
         """False once the connection closed: its queued work is skipped."""
@@ -54,24 +53,37 @@ class RequestHandler:
         stats: The server's statistics (control ops, and refusals no model was found for).
         control: Answers ping, stats and models.
         request_timeout_ms: The default deadline of a request (0: none).
+        auth: Authentication; default: none (every connection is trusted).
     """
 
     def __init__(self, models: ModelSet, limits: FieldLimits, stats: ServerStats,
-                 control: ControlOps, request_timeout_ms: float) -> None:
+                 control: ControlOps, request_timeout_ms: float,
+                 auth: Authenticator | None = None) -> None:
         self.models = models
         self.limits = limits
         self.stats = stats
         self.control = control
         self.request_timeout_ms = request_timeout_ms
+        self.auth = auth if auth is not None else Authenticator(None, 0.0, stats)
         self.draining = False
+
+    def connected(self, conn: Sender) -> None:
+        """A new connection, before its first read: its authentication state and deadline."""
+        self.auth.connected(conn)
 
     def handle(self, message: Any, conn: Sender) -> None:
         """Answer or admit one decoded message; never raises."""
         ops = self.models.task_ops
+        if not conn.state.authenticated:
+            self.auth.before_auth(message, conn, ops)
+            return
         op, request_id, counted = op_name(message, ops), None, self.stats
         try:
             request = parse_request(message, ops)
             request_id = request.id
+            if isinstance(request, AuthRequest):
+                self.auth.authenticate(request, conn)
+                return
             if isinstance(request, ModelRequest):
                 model = self.models.route(request)
                 counted = model.stats

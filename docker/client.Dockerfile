@@ -10,5 +10,5 @@ RUN pip install "$(grep '^msgpack==' requirements.txt)"
 COPY client.py ./
 COPY console/ console/
 COPY protocol/ protocol/
-COPY settings/cli.py settings/__init__.py settings/
+COPY settings/cli.py settings/tokens.py settings/__init__.py settings/
 ENTRYPOINT ["python", "client.py"]

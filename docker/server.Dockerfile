@@ -56,6 +56,11 @@ EXPOSE 9999
 STOPSIGNAL SIGTERM
 # Ready = every session loaded and warmed up, not draining (docs/operations.md). The server writes
 # the address it serves on to the address file, so the check follows any --port given to the image.
+# With token authentication (--auth_token_file FILE after the image name), give the container
+# QA_SERVER_TOKEN_FILE=FILE (the probe authenticates with the file's first token) or
+# QA_SERVER_TOKEN=TOKEN: client.py reads either from the environment, which the check inherits:
+#   docker run ... -v "$PWD/tokens.txt:/run/secrets/qa_tokens:ro"
+#     -e QA_SERVER_TOKEN_FILE=/run/secrets/qa_tokens qa-server --auth_token_file /run/secrets/qa_tokens
 HEALTHCHECK --interval=15s --timeout=5s --start-period=120s \
     CMD ["python", "client.py", "--address_file", "/tmp/qa-server.address", "--ready", "--timeout", "3"]
 ENTRYPOINT ["python", "server.py", "--host", "0.0.0.0", "--address_file", "/tmp/qa-server.address"]

@@ -23,6 +23,7 @@ from protocol.errors import (
     ServerError,
     ShuttingDown,
     TooManyConnections,
+    Unauthorized,
     Unavailable,
     UnknownServerError,
     WorkerLost,
@@ -31,6 +32,7 @@ from protocol.errors import (
 from protocol.limits import FieldLimits
 from protocol.messages import (
     REQUEST_PARSERS,
+    AuthRequest,
     ClassifyRequest,
     EmbedRequest,
     ModelRequest,
@@ -41,6 +43,7 @@ from protocol.messages import (
     Request,
     StatsRequest,
     TaskRequest,
+    auth_request,
     classify_request,
     embed_request,
     error_reply,
@@ -68,6 +71,7 @@ __all__ = [
     "ServerError",
     "ShuttingDown",
     "TooManyConnections",
+    "Unauthorized",
     "UnknownServerError",
     "Unavailable",
     "WorkerLost",
@@ -82,6 +86,7 @@ __all__ = [
     # messages
     "REQUEST_PARSERS",
     "FieldLimits",
+    "AuthRequest",
     "ClassifyRequest",
     "EmbedRequest",
     "ModelRequest",
@@ -95,6 +100,7 @@ __all__ = [
     "error_reply",
     "ok_reply",
     "parse_reply",
+    "auth_request",
     "classify_request",
     "embed_request",
     "models_request",

@@ -114,6 +114,15 @@ class FrameTimeout(ProtocolError):
     code = "frame_timeout"
 
 
+class Unauthorized(ServerError):
+    """The connection has not authenticated: its first request was not an ``auth`` op with a
+    token the server knows, a later ``auth`` had a wrong token, or no ``auth`` came within the
+    server's auth timeout. Sent once, with a nil id; the connection is then closed."""
+
+    code = "unauthorized"
+    fatal = True
+
+
 class UnknownServerError(ServerError):
     """An error reply whose code this version does not know (a newer server, say)."""
 
@@ -125,7 +134,8 @@ class UnknownServerError(ServerError):
 ERRORS_BY_CODE: dict[str, type[ServerError]] = {
     cls.code: cls
     for cls in (BadRequest, ProtocolError, FrameTooLarge, InternalError, EngineError, WorkerLost,
-                Unavailable, ShuttingDown, Overloaded, DeadlineExceeded, TooManyConnections, IdleTimeout, FrameTimeout)
+                Unavailable, ShuttingDown, Overloaded, DeadlineExceeded, TooManyConnections,
+                IdleTimeout, FrameTimeout, Unauthorized)
 }
 
 

@@ -11,7 +11,7 @@ function, one dataclass and one entry in that table.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
 
 from protocol.errors import BadRequest, ProtocolError, ServerError, error_for_code
@@ -31,6 +31,7 @@ from protocol.fields import (
 
 __all__ = [
     "REQUEST_PARSERS",
+    "AuthRequest",
     "ClassifyRequest",
     "EmbedRequest",
     "ModelRequest",
@@ -46,6 +47,7 @@ __all__ = [
     "op_name",
     "parse_reply",
     "parse_request",
+    "auth_request",
     "classify_request",
     "embed_request",
     "known_ops",
@@ -127,9 +129,19 @@ class StatsRequest:
     id: int
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AuthRequest:
+    """Authentication: the first request of a connection to a server that requires a token
+    (``--auth_token_file``); the server answers ``{"authenticated": True, ...}`` or closes."""
+
+    op: ClassVar[str] = "auth"
+    id: int
+    token: str = field(repr=False)  # a secret: never in a repr, a log line or an error message
+
+
 ModelRequest: TypeAlias = QARequest | EmbedRequest | ClassifyRequest | TaskRequest
 """A request that runs a model (it is admitted, queued and batched)."""
-Request: TypeAlias = ModelRequest | PingRequest | StatsRequest | ModelsRequest
+Request: TypeAlias = ModelRequest | PingRequest | StatsRequest | ModelsRequest | AuthRequest
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -212,6 +224,11 @@ def _parse_models(obj: Mapping[Any, Any], request_id: int) -> ModelsRequest:
     return ModelsRequest(id=request_id)
 
 
+def _parse_auth(obj: Mapping[Any, Any], request_id: int) -> AuthRequest:
+    return AuthRequest(id=request_id, token=take(obj, "token", is_str, "a string", BadRequest,
+                                                 request_id))
+
+
 RequestParser: TypeAlias = Callable[[Mapping[Any, Any], int], Request]
 
 REQUEST_PARSERS: dict[str, RequestParser] = {
@@ -221,6 +238,7 @@ REQUEST_PARSERS: dict[str, RequestParser] = {
     PingRequest.op: _parse_ping,
     StatsRequest.op: _parse_stats,
     ModelsRequest.op: _parse_models,
+    AuthRequest.op: _parse_auth,
 }
 """Op name -> parser taking the request map and its already validated ``id``."""
 
@@ -301,6 +319,11 @@ def classify_request(request_id: int, text: str, timeout_ms: float | None = None
 def models_request(request_id: int) -> dict[str, Any]:
     """Build the wire map of a ``models`` request."""
     return {"id": request_id, "op": ModelsRequest.op}
+
+
+def auth_request(request_id: int, token: str) -> dict[str, Any]:
+    """Build the wire map of an ``auth`` request."""
+    return {"id": request_id, "op": AuthRequest.op, "token": token}
 
 
 def ping_request(request_id: int) -> dict[str, Any]:

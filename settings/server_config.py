@@ -100,6 +100,13 @@ class ServerConfig:
     metrics_port: int | None = option(None, "serve Prometheus metrics at "
                                       "http://HOST:PORT/metrics")
     metrics_host: str = option("127.0.0.1", "address for --metrics_port")
+    auth_token_file: str | None = option(None, "require token authentication: each "
+                                         "connection's first request must be 'auth' with one "
+                                         "of the tokens in this file (one per line; blank lines "
+                                         "and # comments ignored; read at start)")
+    auth_timeout_s: float = option(5.0, "seconds a connection has to authenticate, with "
+                                   "--auth_token_file, before it is closed (0: no limit but "
+                                   "--idle_timeout)", flag="--auth_timeout")
     address_file: str | None = option(None, "write HOST:PORT to this file once serving, and "
                                       "remove it on stop: for health checks (client.py "
                                       "--address_file) and to learn what --port 0 chose")
@@ -167,7 +174,7 @@ class ServerConfig:
                         "max_queue", "max_connections", "max_frame_size")
         never_negative = ("claim_idle_ms", "threads_per_session", "max_batch_tokens",
                           "max_queue_delay_ms", "request_timeout_ms", "idle_timeout_s",
-                          "frame_timeout_s",
+                          "frame_timeout_s", "auth_timeout_s",
                           "max_question_chars", "max_context_chars", "max_texts",
                           "shutdown_timeout_s")
         flags = {f.name: f.metadata["flag"] or f"--{f.name}" for f in fields(self)}
@@ -177,7 +184,7 @@ class ServerConfig:
                    if getattr(self, name) < 0]
                 + ([] if self.send_timeout_s >= 0.001 else ["--send_timeout must be at least "
                                                               "0.001 (0 would mean never)"])
-                + self._device_problems() + self._broker_problems())
+                + self._device_problems() + self._broker_problems() + self._auth_problems())
 
     def _device_problems(self) -> list[str]:
         problems = []
@@ -200,6 +207,17 @@ class ServerConfig:
             problems.append("--workers applies without --broker; with one, start more "
                             "--role worker processes instead")
         return problems
+
+    def _auth_problems(self) -> list[str]:
+        if self.auth_token_file is None:
+            return []
+        from settings.tokens import TokenFileError, read_tokens
+
+        try:
+            read_tokens(self.auth_token_file)
+        except TokenFileError as exc:
+            return [f"--auth_token_file: {exc}"]
+        return []
 
     def limits(self) -> FieldLimits:
         """The caps on request fields."""

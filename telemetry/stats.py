@@ -20,10 +20,11 @@ TIME_BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 #: Recent samples kept per timing for percentiles.
 RESERVOIR = 8192
 #: Events counted by ``count_event``: connections refused at the cap, closed for idling, for a
-#: frame arriving too slowly, or for not reading replies; sessions, and worker processes,
-#: replaced after dying.
+#: frame arriving too slowly, or for not reading replies; closed for failing to authenticate
+#: (a wrong token, or another request first) or for not authenticating in time; sessions, and
+#: worker processes, replaced after dying.
 EVENTS = ("connection_refused", "idle_timeout", "frame_timeout", "send_timeout",
-          "session_restart", "worker_restart")
+          "auth_failed", "auth_timeout", "session_restart", "worker_restart")
 
 
 class Timing:

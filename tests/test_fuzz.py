@@ -1,5 +1,7 @@
 """Fuzzing with hypothesis: the codec and request validation in-process, then a live server fed
-random byte streams while a healthy client keeps checking its answers.
+random byte streams while a healthy client keeps checking its answers, then a server requiring a
+token fed random streams before any auth (none may reach a model) while an authenticated
+healthy client keeps checking its answers.
 
 Examples are derandomized, so CI runs the same few thousand cases every time.
 """
@@ -49,7 +51,7 @@ values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
                       | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
 request_maps = st.fixed_dictionaries({}, optional={
     "id": ints | values,
-    "op": st.sampled_from(["qa", "ping", "stats", "QA", ""]) | values,
+    "op": st.sampled_from(["qa", "ping", "stats", "auth", "QA", ""]) | values,
     "question": st.sampled_from(QUESTIONS) | texts | values,
     "context": st.sampled_from(CONTEXTS) | texts | values,
     "timeout_ms": st.integers(-5, 60_000) | st.floats() | values,
@@ -106,20 +108,21 @@ def test_fuzz_request_validation_returns_a_request_or_raises_bad_request(obj: An
         valid_id = isinstance(obj, dict) and type(obj.get("id")) is int
         assert exc.request_id == (obj["id"] if valid_id else None)
         return
-    assert request.op in ("qa", "ping", "stats") and request.id == obj["id"]
+    assert request.op in ("qa", "ping", "stats", "auth") and request.id == obj["id"]
 
 
 # -- a live server ---------------------------------------------------------------------------------
 class HealthyClient(threading.Thread):
     """Asks known questions in a loop and checks every answer against the reference."""
 
-    def __init__(self, address: tuple[str, int], expected: list[dict[str, Any]]) -> None:
+    def __init__(self, address: tuple[str, int], expected: list[dict[str, Any]],
+                 token: str | None = None) -> None:
         super().__init__(name="healthy-client", daemon=True)
-        self.address, self.expected = address, expected
+        self.address, self.expected, self.token = address, expected, token
         self.stop, self.answered, self.wrong = threading.Event(), 0, []
 
     def run(self) -> None:
-        with Client(*self.address) as client:
+        with Client(*self.address, token=self.token) as client:
             while not self.stop.is_set():
                 i = self.answered % len(self.expected)
                 result = client.answer(QUESTIONS[i], CONTEXTS[i], timeout=60)
@@ -130,9 +133,15 @@ class HealthyClient(threading.Thread):
 
 
 @pytest.fixture(scope="module")
-def live(tiny_model_dir: Path) -> Iterator[tuple[InferenceServer, HealthyClient]]:
+def expected(tiny_model_dir: Path) -> list[dict[str, Any]]:
+    """The reference answer to each of QUESTIONS about its context."""
     reference = Reference(tiny_model_dir)
-    expected = [reference.answer(q, c) for q, c in zip(QUESTIONS, CONTEXTS)]
+    return [reference.answer(q, c) for q, c in zip(QUESTIONS, CONTEXTS, strict=True)]
+
+
+@pytest.fixture(scope="module")
+def live(tiny_model_dir: Path,
+         expected: list[dict[str, Any]]) -> Iterator[tuple[InferenceServer, HealthyClient]]:
     config = ServerConfig(port=0, model_dir=str(tiny_model_dir), num_inference_sessions=2,
                           threads_per_session=1, max_batch_size=4, max_frame_size=FRAME_CAP)
     with InferenceServer(config) as srv:
@@ -200,3 +209,85 @@ def test_after_the_fuzzing_the_server_is_healthy_and_holds_nothing(
     seen = {f"{op}:{code}" for op, outcomes in snapshot["requests"].items() for code in outcomes}
     assert {"qa:ok", "qa:bad_request", "ping:ok", "invalid:bad_request", "frame:protocol_error",
             "frame:frame_too_large"} <= seen, seen  # the fuzzing reached every path
+
+
+# -- a live server that requires a token: fuzzed before auth ------------------------------------
+TOKEN = "fuzz-token-0d1e5a"
+auth_maps = st.fixed_dictionaries({"op": st.just("auth")}, optional={
+    "id": ints | values,
+    "token": st.sampled_from([TOKEN[:-1], TOKEN + " ", TOKEN.upper(), ""]) | texts | values,
+})
+unauthenticated_streams = st.lists(chunks | auth_maps.map(encode_frame), min_size=1,
+                                   max_size=6).map(b"".join)
+
+
+@pytest.fixture(scope="module")
+def guarded(tiny_model_dir: Path, expected: list[dict[str, Any]],
+            tmp_path_factory: pytest.TempPathFactory,
+            ) -> Iterator[tuple[InferenceServer, HealthyClient]]:
+    token_file = tmp_path_factory.mktemp("fuzz_auth") / "tokens.txt"
+    token_file.write_text(f"# fuzzing\n{TOKEN}\n", encoding="utf-8")
+    config = ServerConfig(port=0, model_dir=str(tiny_model_dir), num_inference_sessions=2,
+                          threads_per_session=1, max_batch_size=4, max_frame_size=FRAME_CAP,
+                          auth_token_file=str(token_file))
+    with InferenceServer(config) as srv:
+        healthy = HealthyClient(srv.address, expected, token=TOKEN)
+        healthy.start()
+        yield srv, healthy
+        healthy.stop.set()
+        healthy.join(60)
+
+
+@fuzz(1500)
+@given(stream=unauthenticated_streams)
+def test_fuzz_before_auth_the_first_message_is_refused_and_the_connection_closed(
+        guarded: tuple[InferenceServer, HealthyClient], stream: bytes) -> None:
+    srv, _ = guarded
+    messages, fatal = decode_all(stream, [stream])
+    conn = RawConnection(srv.address)
+    try:
+        conn.send_raw(stream)
+        conn.sock.shutdown(socket.SHUT_WR)
+        replies = []
+        while (reply := conn.recv_message()) is not None:
+            replies.append(parse_reply(reply))
+    finally:
+        conn.close()
+    codes = [(r.id, r.error.code if r.error is not None else "ok") for r in replies]
+    if messages:  # the first message is refused, whatever it is, and nothing after it is read
+        assert codes == [(None, "unauthorized")]
+    elif fatal is not None:  # no message: the framing error, as without authentication
+        assert codes == [(None, fatal)]
+    else:
+        assert codes == []
+
+
+def test_after_fuzzing_before_auth_no_model_ran_a_fuzzed_request_and_service_goes_on(
+        guarded: tuple[InferenceServer, HealthyClient], expected: list[dict[str, Any]]) -> None:
+    srv, healthy = guarded
+    assert healthy.is_alive(), "the authenticated client failed during the fuzzing"
+    healthy.stop.set()
+    healthy.join(60)
+    assert healthy.wrong == [] and healthy.answered > 0
+    with Client(*srv.address, token=TOKEN) as client:  # a new client, after the fuzzing
+        for i in range(len(QUESTIONS)):
+            result = client.answer(QUESTIONS[i], CONTEXTS[i], timeout=60)
+            assert (result["answer"], result["start"]) == (expected[i]["answer"],
+                                                           expected[i]["start"])
+    answered = healthy.answered + len(QUESTIONS)
+    wait_until(lambda: srv.stats.snapshot()["connections_open"] == 0)
+    snapshot = srv.stats.snapshot()
+    model = next(iter(srv.models)).stats.snapshot()
+    assert model["admitted"] == snapshot["admitted"] == answered  # only theirs reached it
+    assert snapshot["in_flight"] == 0
+    ran = sum(int(size) * n for size, n in model["batch_size_histogram"].items())
+    assert ran == answered  # and only theirs ran in a batch
+    assert snapshot["requests"]["qa"]["ok"] == answered
+    assert snapshot["requests"]["auth"]["ok"] == 2 and snapshot["events"]["auth_failed"] > 0
+    refused = {outcome for op, outcomes in snapshot["requests"].items() for outcome in outcomes
+               if outcome != "ok"}
+    assert refused <= {"unauthorized", "protocol_error", "frame_too_large"}, refused
+    seen = {f"{op}:{code}" for op, outcomes in snapshot["requests"].items() for code in outcomes}
+    assert {"qa:unauthorized", "ping:unauthorized", "auth:unauthorized", "invalid:unauthorized",
+            "frame:protocol_error", "frame:frame_too_large"} <= seen, seen  # every path
+    assert srv.ready and len(srv.backend.queue) == 0

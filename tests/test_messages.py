@@ -21,14 +21,17 @@ from protocol.errors import (
     ServerError,
     ShuttingDown,
     TooManyConnections,
+    Unauthorized,
     UnknownServerError,
 )
 from protocol.limits import FieldLimits
 from protocol.messages import (
     REQUEST_PARSERS,
+    AuthRequest,
     PingRequest,
     QARequest,
     Reply,
+    auth_request,
     error_reply,
     ok_reply,
     parse_reply,
@@ -84,7 +87,17 @@ def test_requests_are_frozen_and_carry_their_op() -> None:
     with pytest.raises(AttributeError):
         request.id = 2  # type: ignore[misc]
     assert QARequest.op == "qa" and PingRequest.op == "ping"
-    assert set(REQUEST_PARSERS) == {"qa", "embed", "classify", "ping", "stats", "models"}
+    assert set(REQUEST_PARSERS) == {"qa", "embed", "classify", "ping", "stats", "models", "auth"}
+
+
+def test_an_auth_request_carries_its_token_and_never_shows_it() -> None:
+    request = parse_request(over_the_wire(auth_request(9, "s3cret-token")))
+    assert request == AuthRequest(id=9, token="s3cret-token")
+    assert "s3cret" not in repr(request) and "s3cret" not in str(request)
+    for bad in ({"id": 9, "op": "auth"}, {"id": 9, "op": "auth", "token": 42}):
+        with pytest.raises(BadRequest, match="'token'") as info:
+            parse_request(bad)
+        assert info.value.request_id == 9
 
 
 def test_unknown_fields_are_ignored() -> None:
@@ -196,6 +209,7 @@ def test_parse_reply_round_trips_an_ok_reply() -> None:
         (TooManyConnections("t"), TooManyConnections),
         (IdleTimeout("i"), IdleTimeout),
         (FrameTimeout("f"), FrameTimeout),
+        (Unauthorized("u"), Unauthorized),
     ],
 )
 def test_parse_reply_round_trips_each_error_code(error: ServerError, expected: type) -> None:
@@ -286,4 +300,5 @@ def test_field_limits_name_the_option_that_sets_them() -> None:
 def test_only_connection_ending_errors_are_fatal() -> None:
     fatal = {code for code, cls in ERRORS_BY_CODE.items() if cls.fatal}
     assert fatal == {"protocol_error", "frame_too_large", "frame_timeout", "idle_timeout",
-                     "too_many_connections"}
+                     "too_many_connections", "unauthorized"}
+    assert ERRORS_BY_CODE["unauthorized"] is Unauthorized

@@ -14,6 +14,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from protocol import FrameDecoder, encode_frame, error_reply, ok_reply
@@ -48,6 +49,8 @@ class ServerHooks(Protocol):
 OUTBOX_HIGH_WATER = 1 << 20
 #: Longest single poll of a reader, in ms; it then looks at its clocks again.
 POLL_MAX_MS = 60_000
+Expiry = Callable[[], ServerError]
+"""Builds the fatal error a connection is closed with when one of its deadlines passes."""
 
 
 class Connection:
@@ -82,6 +85,8 @@ class Connection:
         self._fin_queued = False  # finishing: the write side is shut behind the last reply
         self._last_activity = time.monotonic()
         self._frame_started = 0.0
+        self._deadline: tuple[float, Expiry] | None = None  # see set_deadline
+        self.state: Any = None  # dispatch/'s per-connection state (auth); never read here
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
         _set_send_timeout(sock, server.send_timeout_s)
@@ -121,7 +126,6 @@ class Connection:
         while self._open:
             if (timeout := self._await_data()) is not None:
                 log.info("connection %s: %s; closing", self.peer, timeout.message)
-                self.server.stats.count_event(timeout.code)
                 self.send(error_reply(None, timeout), final=True)
                 return True
             try:
@@ -138,9 +142,9 @@ class Connection:
                 self._frame_started = self._last_activity
             self.decoder.receive_data(data)
             try:
-                while (message := self.decoder.next_message()) is not None:
+                while not self._ending and (message := self.decoder.next_message()) is not None:
                     self._frame_started = time.monotonic()  # the next frame starts now
-                    self.server.handle(message, self)
+                    self.server.handle(message, self)  # may end the connection (final reply)
             except ProtocolError as exc:
                 log.info("connection %s: %s; closing", self.peer, exc)
                 self.server.stats.count("frame", exc.code)
@@ -148,6 +152,8 @@ class Connection:
                 return True
             finally:
                 self.server.flush()  # what this read admitted goes on together
+            if self._ending:  # the handler sent a fatal reply: the rest is not read
+                return True
             if not data:
                 return False
         return False
@@ -177,32 +183,48 @@ class Connection:
                                     or not self._open)  # the client must read to be read
                 self._frame_started += time.monotonic() - blocked  # our wait, not the client's
             now = time.monotonic()
-            until, error = self._read_deadline(now)
+            until, expire = self._read_deadline(now)
             # capped: a huge timeout must not overflow poll, and a busy connection's idle clock
             # restarts at its last reply, which does not wake the poll
             wait_ms = None if until is None else max(0, min(int((until - now) * 1000) + 1,
                                                             POLL_MAX_MS))
             if self._poll.poll(wait_ms) or not self._open:
                 return None
-            if error is not None and time.monotonic() >= until:  # type: ignore[operator]
-                return self._timeout_error(error)
+            if expire is not None and time.monotonic() >= until:  # type: ignore[operator]
+                return expire()
 
-    def _read_deadline(self, now: float) -> tuple[float | None, type[ServerError] | None]:
-        """When to give up waiting for bytes, and the kind of error to send then (None: look
-        again). Only the kind: the error itself is built only if it fires, not on every read."""
+    def set_deadline(self, at: float | None, expire: Expiry | None = None) -> None:
+        """Unless cleared (``at`` None) first, close the connection at ``time.monotonic()``
+        ``at`` with the fatal reply ``expire()`` builds (dispatch/auth.py: the time a connection
+        has to authenticate). Reader thread, or before it starts."""
+        self._deadline = None if at is None or expire is None else (at, expire)
+
+    def _read_deadline(self, now: float) -> tuple[float | None, Expiry | None]:
+        """When to give up waiting for bytes, and what builds the error to send then (None:
+        look again). Only the builder: the error itself is built only if it fires."""
+        until, expire = self._limit_deadline(now)
+        if self._deadline is not None and (until is None or self._deadline[0] <= until):
+            return self._deadline
+        return until, expire
+
+    def _limit_deadline(self, now: float) -> tuple[float | None, Expiry | None]:
+        """``_read_deadline`` of the frame and idle timeouts alone."""
         frame_s, idle_s = self.server.frame_timeout_s, self.server.idle_timeout_s
         if self.decoder.buffered and frame_s > 0:
-            return self._frame_started + frame_s, FrameTimeout
+            return self._frame_started + frame_s, self._frame_timeout
         if idle_s <= 0:
             return None, None
         if self._pending or self._outbox or self._writing or self._held:
             return now + min(idle_s, 1.0), None  # not idle: replies are owed; look again soon
-        return self._last_activity + idle_s, IdleTimeout
+        return self._last_activity + idle_s, self._idle_timeout
 
-    def _timeout_error(self, kind: type[ServerError]) -> ServerError:
-        if kind is FrameTimeout:
-            seconds = self.server.frame_timeout_s
-            return FrameTimeout(f"frame not completed within {seconds:g} s (frame_timeout)")
+    def _frame_timeout(self) -> ServerError:
+        self.server.stats.count_event(FrameTimeout.code)
+        return FrameTimeout(f"frame not completed within {self.server.frame_timeout_s:g} s "
+                            "(frame_timeout)")
+
+    def _idle_timeout(self) -> ServerError:
+        self.server.stats.count_event(IdleTimeout.code)
         return IdleTimeout(f"no request for {self.server.idle_timeout_s:g} s (idle_timeout)")
 
     def begin(self) -> None:
