@@ -17,6 +17,9 @@ Library use::
         vectors = c.embed(["a cat", "a dog"])             # one unit vector per text
         print(c.classify("What a lovely day."))           # {label, score, scores}
         futures = [c.submit(q, ctx) for q in questions]   # pipelined on one connection
+
+``AsyncClient`` (clients/aio.py) is the same for asyncio: ``async with AsyncClient(host, port) as
+c: await c.answer(q, ctx)``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout  # the builtin from 3.11
 from typing import Any
 
+from clients.aio import AsyncClient
+from clients.common import ConnectionLost, Result
+from clients.common import text_list as _text_list
 from protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     FrameDecoder,
@@ -44,11 +50,7 @@ from protocol import (
 )
 from protocol.messages import model_request
 
-Result = dict[str, Any]
-
-
-class ConnectionLost(ConnectionError):
-    """The connection closed (or broke) before the reply arrived."""
+__all__ = ["AsyncClient", "Client", "ConnectionLost", "Result", "main"]
 
 
 class Client:
@@ -294,13 +296,6 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _text_list(texts: Sequence[str]) -> list[str]:
-    """``texts`` as a list; one string is refused (it would be sent as its characters)."""
-    if isinstance(texts, str):
-        raise TypeError("texts must be a sequence of strings, not one string")
-    return list(texts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -376,7 +377,10 @@ class ProcessBackend:
 
 
 def _worker_env() -> dict[str, str]:
-    """This environment, with the project importable from any working directory."""
+    """This environment, with the project importable from any working directory (a checkout's
+    root first on PYTHONPATH; installed in a site directory, it is importable already)."""
+    if any(Path(sysconfig.get_path(key)).resolve() == ROOT for key in ("purelib", "platlib")):
+        return dict(os.environ)  # (a site directory first on PYTHONPATH could shadow the stdlib)
     path = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
 

@@ -1,0 +1,1 @@
+"""Redis Streams between front ends and workers (``--broker``, docs/scaling.md)."""
