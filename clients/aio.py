@@ -36,6 +36,7 @@ from protocol import (
     FrameDecoder,
     ProtocolError,
     ServerError,
+    auth_request,
     encode_frame,
     models_request,
     parse_reply,
@@ -61,14 +62,18 @@ class AsyncClient:
     Args:
         host: Server address.
         port: Server port.
-        connect_timeout: Seconds to wait for the connection to open.
+        connect_timeout: Seconds to wait for the connection to open, and for the ``auth``
+            reply.
         max_frame_size: Largest reply frame accepted.
+        token: Authenticate with this token (a server started with ``--auth_token_file``):
+            ``open`` sends ``auth`` first and returns once it is accepted.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 9999, *,
                  connect_timeout: float = 10.0,
-                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, token: str | None = None) -> None:
         self.address = (host, port)
+        self._token = token  # never printed
         self.connect_timeout = connect_timeout
         self.dropped_replies = 0
         """Replies that arrived for no awaited request (cancelled or timed out), dropped."""
@@ -84,14 +89,17 @@ class AsyncClient:
     @classmethod
     async def connect(cls, host: str = "127.0.0.1", port: int = 9999, *,
                       connect_timeout: float = 10.0,
-                      max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> AsyncClient:
+                      max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+                      token: str | None = None) -> AsyncClient:
         """Open a connection and return its client.
 
         Raises:
             OSError: the server cannot be reached (``ConnectionRefusedError``, ...).
-            TimeoutError: it did not open within ``connect_timeout`` seconds.
+            TimeoutError: it did not open (or answer ``auth``) within ``connect_timeout``.
+            Unauthorized: the server refused ``token``.
         """
-        client = cls(host, port, connect_timeout=connect_timeout, max_frame_size=max_frame_size)
+        client = cls(host, port, connect_timeout=connect_timeout, max_frame_size=max_frame_size,
+                     token=token)
         await client.open()
         return client
 
@@ -110,7 +118,17 @@ class AsyncClient:
         self._writer = writer
         self._reader_task = asyncio.get_running_loop().create_task(
             self._read_loop(reader), name=f"qa-client-reader-{self.address}")
-        # An opening request (an auth handshake, say) goes here: awaited like any other call.
+        if self._token is not None:
+            await self._authenticate(self._token)
+
+    async def _authenticate(self, token: str) -> None:
+        """Send ``auth`` and await its answer; on refusal or silence, close and raise."""
+        try:
+            await self.wait(self.request(lambda rid: auth_request(rid, token)),
+                            self.connect_timeout)
+        except BaseException:
+            await self.close()
+            raise
 
     async def _open_streams(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Open the byte streams to ``self.address``: the one place the transport is chosen.

@@ -348,3 +348,17 @@ def test_a_client_that_leaves_without_a_word_is_no_auth_failure(server: Inferenc
     sock.close()
     wait_until(lambda: server.stats.snapshot()["connections_open"] == 0)
     assert events(server)["auth_failed"] == before["auth_failed"]
+
+
+def test_the_async_client_authenticates_with_its_token(server: InferenceServer) -> None:
+    import asyncio
+
+    from clients.aio import AsyncClient
+
+    async def run() -> None:
+        async with AsyncClient(*server.address, token=TOKENS[0]) as client:
+            assert (await client.ping(timeout=10))["pong"] is True
+        with pytest.raises(Unauthorized):
+            await AsyncClient.connect(*server.address, token="not-" + TOKENS[0])
+
+    asyncio.run(run())

@@ -17,16 +17,10 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
-import signal
 import socket
-import subprocess
-import sys
-import sysconfig
 import threading
 import time
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 from engines.model_dir import ModelInfo
@@ -38,9 +32,8 @@ from settings.server_config import ServerConfig
 from telemetry.stats import ServerStats
 from transport.coalesce import coalesced_sends
 from workers.handle import WorkerHandle
+from workers.launch import exit_words, start_worker, wait_exit
 from workers.worker_main import Job
-
-ROOT = Path(__file__).resolve().parent.parent
 
 log = logging.getLogger(__name__)
 
@@ -113,16 +106,14 @@ class ProcessBackend:
         """
         ours_sock, theirs = socket.socketpair()
         with theirs:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "workers.worker_main", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), env=_worker_env())
+            process = start_worker(theirs.fileno())
         ours = Connection(ours_sock.detach())
         ours.send((self.config, handle.index, handle.device, self.log_level))
         with self._cond:
             if self._stopping:  # stop() ran while this process started: it would be orphaned
                 process.kill()
                 ours.close()
-                _wait(process, 5.0)
+                wait_exit(process, 5.0)
                 return
             handle.attach(process, ours)
         threading.Thread(target=self._receive, args=(handle, process, ours), daemon=True,
@@ -234,10 +225,10 @@ class ProcessBackend:
                     handle.load_error = message[1]
         except (EOFError, OSError):
             pass
-        _wait(process, EXIT_WAIT_S)  # for its exit status; a pipe closes only as a worker ends
+        wait_exit(process, EXIT_WAIT_S)  # for its exit status; a pipe closes only as a worker ends
         if process.poll() is None:
             process.kill()
-            _wait(process, EXIT_WAIT_S)
+            wait_exit(process, EXIT_WAIT_S)
         self._lost(handle, process)
 
     def _answered(self, handle: WorkerHandle, answers: list[Any]) -> None:
@@ -266,7 +257,7 @@ class ProcessBackend:
             if last is not None:
                 self.retired.absorb(last)
             self._cond.notify_all()
-        how = _exit_words(process.returncode)
+        how = exit_words(process.returncode)
         if not handle.loaded.is_set():  # it ended while loading
             handle.load_error = handle.load_error or f"worker process {how} while loading"
             handle.loaded.set()
@@ -369,36 +360,8 @@ class ProcessBackend:
             handle.send(("stop",))
         for handle in self.handles:
             if handle.process is not None:
-                _wait(handle.process, max(5.0, until - time.monotonic()))
+                wait_exit(handle.process, max(5.0, until - time.monotonic()))
                 if handle.process.poll() is None:
                     log.warning("worker %d did not exit; killing it", handle.index)
                     handle.process.kill()
-                    _wait(handle.process, 5.0)
-
-
-def _worker_env() -> dict[str, str]:
-    """This environment, with the project importable from any working directory (a checkout's
-    root first on PYTHONPATH; installed in a site directory, it is importable already)."""
-    if any(Path(sysconfig.get_path(key)).resolve() == ROOT for key in ("purelib", "platlib")):
-        return dict(os.environ)  # (a site directory first on PYTHONPATH could shadow the stdlib)
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
-
-
-def _wait(process: subprocess.Popen[bytes], seconds: float) -> None:
-    try:
-        process.wait(seconds)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def _exit_words(exitcode: int | None) -> str:
-    """A process's end, in words: "was killed by SIGKILL", "exited with status 1"."""
-    if exitcode is None:
-        return "closed its pipe"
-    if exitcode < 0:
-        try:
-            return f"was killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"was killed by signal {-exitcode}"
-    return f"exited with status {exitcode}"
+                    wait_exit(handle.process, 5.0)
