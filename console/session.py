@@ -9,6 +9,7 @@ from typing import TypeVar
 from client import Client, ConnectionLost
 from console.catalog import Model, describe, find_model, warning_of
 from console.text_input import read_text
+from protocol.errors import IdleTimeout
 from settings.cli import shout
 
 T = TypeVar("T")
@@ -43,10 +44,11 @@ class Session:
 
     def run(self, call: Callable[[Client], T]) -> T:
         """``call(client)``, reconnecting once if the server had closed the connection (it closes
-        idle ones)."""
+        idle ones: the request may meet the closed connection, or its ``idle_timeout`` reply
+        still on its way)."""
         try:
             return call(self.client)
-        except ConnectionLost:
+        except (ConnectionLost, IdleTimeout):
             self.client.close()
             self.client = self.client.reopen()
             return call(self.client)
