@@ -20,10 +20,10 @@ TIME_BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 #: Recent samples kept per timing for percentiles.
 RESERVOIR = 8192
 #: Events counted by ``count_event``: connections refused at the cap, closed for idling, for a
-#: frame arriving too slowly, or for not reading replies; sessions, and worker processes,
-#: replaced after dying.
+#: frame arriving too slowly, for not reading replies, or for a TLS handshake that failed or
+#: did not finish in time; sessions, and worker processes, replaced after dying.
 EVENTS = ("connection_refused", "idle_timeout", "frame_timeout", "send_timeout",
-          "session_restart", "worker_restart")
+          "tls_handshake_failed", "session_restart", "worker_restart")
 
 
 class Timing:
