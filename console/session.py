@@ -48,7 +48,7 @@ class Session:
             return call(self.client)
         except ConnectionLost:
             self.client.close()
-            self.client = Client(*self.client.address)
+            self.client = self.client.reopen()
             return call(self.client)
 
     def read_text(self, prompt: str) -> str:

@@ -8,6 +8,7 @@ WORKDIR /app
 COPY requirements.txt ./
 RUN pip install "$(grep '^msgpack==' requirements.txt)"
 COPY client.py ./
+COPY clients/ clients/
 COPY console/ console/
 COPY protocol/ protocol/
 COPY settings/cli.py settings/__init__.py settings/

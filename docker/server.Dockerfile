@@ -36,6 +36,7 @@ ENV LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/tensorrt_libs:${LD_LI
 ENV LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
 
 COPY server.py client.py prepare_model.py ./
+COPY clients/ clients/
 COPY console/ console/
 COPY engines/ engines/
 COPY tasks/ tasks/
