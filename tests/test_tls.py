@@ -135,6 +135,18 @@ def test_client_certificates_are_required_with_tls_client_ca(certs: Path,
         wait_until(lambda: events(srv)["tls_handshake_failed"] == 2)
 
 
+def test_a_tls_connection_over_the_cap_is_closed_and_the_others_served(
+        certs: Path, tiny_model_dir: Path) -> None:
+    with InferenceServer(tls_config(certs, tiny_model_dir, max_connections=1)) as srv:
+        with tls_client(srv, certs) as held:
+            wait_until(lambda: srv.stats.snapshot()["connections_open"] == 1)
+            with pytest.raises(OSError):  # no reply: it would need a handshake first
+                with tls_client(srv, certs) as refused:
+                    refused.ping(timeout=10)
+            assert events(srv)["connection_refused"] == 1
+            assert held.ping(timeout=10)["pong"]
+
+
 def test_tls_1_1_is_refused(server: InferenceServer, certs: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
