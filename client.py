@@ -5,6 +5,8 @@
     python client.py --context_file article.txt        # the REPL, starting with that text
     python client.py --question "Who?" --context "Bob went home."
     python client.py --token_file my_token.txt         # a server with --auth_token_file
+    python client.py --host unix:///run/qa/qa.sock     # over the server's Unix socket
+    python client.py --host qa.example.org --tls --tls_ca ca.crt       # over TLS
 
 The REPL and the command line live in console/ (console/cli.py); ``python client.py`` runs them.
 
@@ -17,6 +19,8 @@ Library use::
         vectors = c.embed(["a cat", "a dog"])             # one unit vector per text
         print(c.classify("What a lovely day."))           # {label, score, scores}
         futures = [c.submit(q, ctx) for q in questions]   # pipelined on one connection
+    with Client("unix:///run/qa/qa.sock") as c: ...      # a Unix socket: the port is ignored
+    with Client("qa.example.org", 9999, tls=True, tls_ca="ca.crt") as c: ...
 
 ``AsyncClient`` (clients/aio.py) is the same for asyncio: ``async with AsyncClient(host, port) as
 c: await c.answer(q, ctx)``.
@@ -36,6 +40,7 @@ from typing import Any
 from clients.aio import AsyncClient
 from clients.common import ConnectionLost, Result
 from clients.common import text_list as _text_list
+from clients.endpoint import describe, open_socket
 from protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     FrameDecoder,
@@ -54,36 +59,47 @@ __all__ = ["AsyncClient", "Client", "ConnectionLost", "Result", "main"]
 
 
 class Client:
-    """One TCP connection to the server, safe to share between threads.
+    """One connection to the server (TCP, TLS over TCP, or a Unix socket), safe to share
+    between threads.
 
     Requests may be pipelined: ``submit`` sends at once and returns a Future; a background reader
     thread matches replies to futures by ``id``. Server errors are raised as the typed exceptions
     of ``protocol.errors`` (each carries the wire ``code``).
 
     Args:
-        host: Server address.
+        host: Server address, or ``unix:///path/to.sock`` for its Unix socket (``port`` is
+            then ignored).
         port: Server port.
-        connect_timeout: Seconds to wait for the TCP connection, and for the ``auth`` reply.
+        connect_timeout: Seconds to wait for the connection (and the TLS handshake), and for
+            the ``auth`` reply.
         max_frame_size: Largest reply frame accepted.
+        tls: Connect over TLS (the server runs with ``--tls_cert``); the server's certificate
+            must be signed by ``tls_ca`` and name ``host``.
+        tls_ca: PEM file of the CA certificates to trust; None: the system's.
+        tls_cert: PEM client certificate, for a server started with ``--tls_client_ca``.
+        tls_key: Its private key, where not in ``tls_cert``'s file.
         token: Authenticate with this token (a server started with ``--auth_token_file``): the
             ``auth`` request is sent first and answered before the constructor returns. None:
             send none (a server that requires one closes the connection at the first request,
             which then fails with ``Unauthorized``).
 
     Raises:
-        OSError: the connection could not be made.
+        OSError: the server cannot be reached; ``ssl.SSLError`` when the TLS handshake fails.
+        ValueError: TLS asked for a Unix socket, or TLS files given without ``tls=True``.
         Unauthorized: the server refused ``token``.
         ConnectionLost, TimeoutError: no answer to ``auth`` (within ``connect_timeout``).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 9999, *, connect_timeout: float = 10.0,
-                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, token: str | None = None) -> None:
+                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, tls: bool = False,
+                 tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None, token: str | None = None) -> None:
         self.address = (host, port)
-        self._options = {"connect_timeout": connect_timeout, "max_frame_size": max_frame_size,
-                         "token": token}  # for reopen(); never printed
-        self._sock = socket.create_connection(self.address, timeout=connect_timeout)
-        self._sock.settimeout(None)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._options: dict[str, Any] = {  # for reopen(); never printed
+            "connect_timeout": connect_timeout, "max_frame_size": max_frame_size, "tls": tls,
+            "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key, "token": token}
+        self._sock = open_socket(host, port, timeout=connect_timeout, tls=tls, tls_ca=tls_ca,
+                                 tls_cert=tls_cert, tls_key=tls_key)
         self._decoder = FrameDecoder(max_frame_size)
         self._ids = itertools.count(1)
         self._pending: dict[int, Future[Result]] = {}
@@ -104,8 +120,13 @@ class Client:
             raise
 
     def reopen(self) -> Client:
-        """A new connection to the same server with the same settings (the token too)."""
+        """A new connection to the same server with the same options (TLS and token too)."""
         return Client(*self.address, **self._options)
+
+    @property
+    def endpoint(self) -> str:
+        """The server's address in words: ``HOST:PORT`` (and ``(TLS)``) or ``unix://PATH``."""
+        return describe(*self.address, tls=self._options["tls"])
 
     # -- model requests ------------------------------------------------------------------------
     def submit_op(self, op: str, fields: Mapping[str, Any], *, timeout_ms: float | None = None,
@@ -225,7 +246,7 @@ class Client:
         future: Future[Result] = Future()
         with self._lock:
             if self._closed is not None:
-                raise ConnectionLost(f"connection to {self.address} is closed") from self._closed
+                raise ConnectionLost(f"connection to {self.endpoint} is closed") from self._closed
             request_id = next(self._ids)
             self._pending[request_id] = future
         frame = encode_frame(build(request_id))

@@ -2,6 +2,8 @@
 
     python prepare_model.py && python server.py        # 127.0.0.1:9999, 2 ONNX sessions
     python server.py --host 0.0.0.0 --inference_engine_type pytorch
+    python server.py --unix_socket /run/qa/qa.sock --port -1           # a Unix socket only
+    python server.py --host 0.0.0.0 --tls_cert server.crt --tls_key server.key   # TLS
 
 A listener thread accepts connections; each connection's reader thread decodes frames and hands
 each request to dispatch/, which routes it to a model, whose task tokenizes it onto that model's
@@ -16,6 +18,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -32,9 +35,11 @@ from protocol.messages import ModelsRequest, PingRequest, Request, StatsRequest
 from settings.server_config import ServerConfig, parse_args
 from telemetry.report import collect_stats
 from telemetry.stats import ServerStats
-from transport import BindError, Connection, Listener, bind_socket, refuse
+from transport import BindError, Connection, Listener, bind_socket, bind_unix_socket, refuse
 from transport.closing import DELIVERY_POLL_S
 from transport.listener import publish_address
+from transport.tls import server_context
+from transport.unix import describe
 from workers.backend import Backend
 
 log = logging.getLogger("server")
@@ -58,6 +63,7 @@ class InferenceServer:
         self.send_timeout_s = config.send_timeout_s
         self.idle_timeout_s = config.idle_timeout_s
         self.frame_timeout_s = config.frame_timeout_s
+        self.tls_handshake_timeout_s = config.tls_handshake_timeout_s
         self.stats = ServerStats()
         self.models = ModelSet(config, self.stats, engine_factory)
         self.auth = Authenticator(None, config.auth_timeout_s, self.stats)  # tokens: start()
@@ -68,27 +74,34 @@ class InferenceServer:
         self.connections: set[Connection] = set()
         self._lock = threading.Lock()
         self._listener: Listener | None = None
+        self._tls: ssl.SSLContext | None = None  # TLS on the TCP listener (--tls_cert)
         self._started = False  # start() completed: the server served
 
     # -- start -------------------------------------------------------------------------------
     def start(self) -> None:
-        """Bind the address, load the model into every session, then listen and accept.
+        """Bind the addresses, load the model into every session, then listen and accept.
 
-        The address is bound first, so that a busy port fails at once, not after the model has
-        loaded. A start that fails releases whatever it had started before raising.
+        The addresses (TCP, the Unix socket) are bound first, so that a busy one fails at once,
+        not after the model has loaded. A start that fails releases whatever it had started
+        before raising.
 
         Raises:
             TokenFileError: ``auth_token_file`` cannot be read or holds no token (read first,
                 on every start: a token removed from the file no longer works after a restart).
-            BindError: the address (or the metrics port) cannot be bound: taken, privileged,
-                not this machine's.
+            BindError: an address (or the metrics port) cannot be bound: taken, privileged,
+                not this machine's; a live server on the Unix socket, or a file there that is
+                not a socket.
             ModelDirError: no prepared model in ``model_dir``.
             RuntimeError: a session failed to load its engine.
+            OSError: a TLS file cannot be read or used (``ssl.SSLError``).
         """
         cfg = self.config
         if cfg.auth_token_file is not None:
             self.auth.tokens = TokenSet.from_file(cfg.auth_token_file)
-        self._listener = Listener(bind_socket(cfg.host, cfg.port), self._accept)
+        if cfg.tls_cert is not None:
+            self._tls = server_context(cfg.tls_cert, cfg.tls_key or cfg.tls_cert,
+                                       cfg.tls_client_ca)
+        self._listener = Listener(self._bind(), self._accept)
         try:
             self._publish_address(False)  # a file left by an earlier run must not say "up"
             if cfg.metrics_port is not None:  # a port too: fail early; scrapes show the loading
@@ -102,10 +115,28 @@ class InferenceServer:
         self._started = True
         self._log_serving()
 
+    def _bind(self) -> list[socket.socket]:
+        """The listening sockets, bound: TCP unless ``port`` is -1, and the Unix socket."""
+        cfg = self.config
+        socks = [bind_socket(cfg.host, cfg.port)] if cfg.port >= 0 else []
+        try:
+            if cfg.unix_socket is not None:
+                socks.append(bind_unix_socket(cfg.unix_socket))
+            if not socks:
+                raise ValueError("nothing to serve on: port -1 and no unix_socket")
+        except BaseException:
+            for sock in socks:
+                sock.close()
+            raise
+        return socks
+
     def _publish_address(self, serving: bool) -> None:
-        """Write (atomically) or remove ``--address_file``, if one is configured."""
+        """Write (atomically) or remove ``--address_file``, if one is configured: the TCP
+        address, or the Unix socket's where there is no TCP listener."""
         if self.config.address_file is not None:
-            publish_address(self.config.address_file, self.address if serving else None)
+            address = (self.address if self._tcp_socket() else self.unix_address) \
+                if serving else None
+            publish_address(self.config.address_file, address)
 
     def _load(self) -> None:
         """Find the models, then start each one's backend: sessions here, or worker
@@ -116,12 +147,12 @@ class InferenceServer:
         names = ", ".join(f"{m.name} ({m.info.task})" for m in self.models)
         if cfg.broker is not None:
             log.info("front end for %s: tokenizing here, the model runs in the workers of the "
-                     "broker (address %s:%d bound)", names, *self.address)
+                     "broker (%s bound)", names, self.endpoints)
         else:
             where = f"{cfg.workers} worker processes of " if cfg.workers > 1 else ""
-            log.info("loading %s into %s%d %s sessions each (address %s:%d bound; accepting "
-                     "once loaded)", names, where, cfg.num_inference_sessions,
-                     cfg.inference_engine_type, *self.address)
+            log.info("loading %s into %s%d %s sessions each (%s bound; accepting once loaded)",
+                     names, where, cfg.num_inference_sessions, cfg.inference_engine_type,
+                     self.endpoints)
         self.models.start()
 
     def _start_metrics(self, host: str, port: int) -> None:
@@ -137,7 +168,6 @@ class InferenceServer:
 
     def _log_serving(self) -> None:
         cfg = self.config
-        host, port = self.address
         for model in self.models:
             assert model.backend is not None
             described = model.backend.describe()
@@ -163,8 +193,7 @@ class InferenceServer:
             log.info("token authentication: %d tokens from %s; a connection must authenticate "
                      "within %g s (auth_timeout)", len(self.auth.tokens), cfg.auth_token_file,
                      cfg.auth_timeout_s)
-        log.info("serving on %s:%d%s", host, port, "" if host != "127.0.0.1" else
-                 " (local only; --host 0.0.0.0 to serve other machines)")
+        log.info("serving on %s", self.endpoints)
 
     @property
     def backend(self) -> Backend | None:
@@ -175,16 +204,44 @@ class InferenceServer:
 
     @property
     def address(self) -> tuple[str, int]:
-        """The (host, port) the server listens on."""
-        assert self._listener is not None, "server not started"
-        host, port = self._listener.sock.getsockname()[:2]
+        """The (host, port) the server listens on over TCP."""
+        sock = self._tcp_socket()
+        assert sock is not None, "no TCP listener (port -1)"
+        host, port = sock.getsockname()[:2]
         return host, port
+
+    @property
+    def unix_address(self) -> str | None:
+        """The Unix socket served, as ``unix:///absolute/path`` (what clients take); None
+        without ``unix_socket``."""
+        return None if self.config.unix_socket is None else describe(self.config.unix_socket)
+
+    @property
+    def endpoints(self) -> str:
+        """Every address served, in words, for the log."""
+        parts = []
+        if self._tcp_socket() is not None:
+            host, port = self.address
+            parts.append(f"{host}:{port}" + (" with TLS" if self._tls is not None else "")
+                         + (" (local only; --host 0.0.0.0 to serve other machines)"
+                            if host == "127.0.0.1" else ""))
+        if self.unix_address is not None:
+            parts.append(self.unix_address)
+        return " and ".join(parts)
+
+    def _tcp_socket(self) -> socket.socket | None:
+        """The TCP listening socket; None before start, or with port -1."""
+        assert self._listener is not None, "server not started"
+        return next((s for s in self._listener.socks if s.family != socket.AF_UNIX), None)
 
     # -- what connections call -----------------------------------------------------------------
     def _accept(self, sock: socket.socket, peer: Any) -> None:
+        """One accepted connection, over TCP or the Unix socket: both count towards
+        ``max_connections``. TLS only wraps the socket here; the reader thread shakes hands."""
+        tls = self._tls if sock.family != socket.AF_UNIX else None
         with self._lock:
             full = len(self.connections) >= self.config.max_connections
-            conn = None if full else Connection(sock, peer, self)
+            conn = None if full else Connection(sock, peer, self, tls=tls)
             if conn is not None:
                 self.handler.connected(conn)  # its auth state and deadline, before any read
                 self.connections.add(conn)
@@ -192,7 +249,7 @@ class InferenceServer:
             self.stats.count_event("connection_refused")
             refuse(sock, TooManyConnections(
                 f"server has {self.config.max_connections} connections open (max_connections); "
-                "retry later"))
+                "retry later"), reply=tls is None)
             return
         self.stats.on_connection(True)
         try:
@@ -200,7 +257,7 @@ class InferenceServer:
         except RuntimeError as exc:  # no threads left: this connection only is lost
             log.error("cannot serve connection %s: %s", conn.peer, exc)
             conn.close()
-            conn.sock.close()
+            conn.stream.close()
             self.forget(conn)
 
     def handle(self, message: Any, conn: Connection) -> None:

@@ -195,7 +195,8 @@ def write_json(path: str | Path, runs: list[dict[str, Any]], argv: Sequence[str]
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--host", default="127.0.0.1", help="the server's address")
+    p.add_argument("--host", default="127.0.0.1", help="the server's address, or "
+                   "unix:///PATH for its Unix socket (server.py --unix_socket)")
     p.add_argument("--port", type=int, default=9999, help="the server's port")
     p.add_argument("--num_simultaneous_clients", type=int, default=5,
                    help="connections at once (open loop: connections requests are spread over)")

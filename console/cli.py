@@ -8,8 +8,10 @@ import sys
 import time
 from concurrent.futures import TimeoutError as FutureTimeout  # the builtin from 3.11
 from pathlib import Path
+from typing import Any
 
 from client import Client, ConnectionLost
+from clients.endpoint import describe
 from console.catalog import model_warning
 from console.modes import print_answer
 from console.repl import repl
@@ -36,10 +38,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "REPL for the served model's task: qa (paste or type a text, then ask questions about "
         "it), embed (two texts: their cosine similarity) or classify (a text: its label).",
         formatter_class=HelpFormatter)
-    p.add_argument("--host", default="127.0.0.1", help="the server's address")
-    p.add_argument("--port", type=int, default=9999, help="the server's port")
-    p.add_argument("--address_file", help="read the server's HOST:PORT from this file, written "
-                   "by server.py --address_file once it serves (instead of --host and --port)")
+    p.add_argument("--host", default="127.0.0.1", help="the server's address, or "
+                   "unix:///PATH for its Unix socket (server.py --unix_socket PATH)")
+    p.add_argument("--port", type=int, default=9999, help="the server's port (not used with "
+                   "unix://)")
+    p.add_argument("--address_file", help="read the server's HOST:PORT (or unix:///PATH) from "
+                   "this file, written by server.py --address_file once it serves (instead of "
+                   "--host and --port)")
+    add_tls_arguments(p)
     p.add_argument("--model", help="the served model to use (the server's `models` op names "
                    "them); without it: the only one, or, in the REPL, pick one when several")
     p.add_argument("--question", help="answer this once and exit (needs --context or "
@@ -61,7 +67,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"cannot read --context_file: {exc}")
     if args.question is not None and args.context is None:
         p.error("--question needs --context or --context_file")
+    if not args.tls and (args.tls_ca or args.tls_cert or args.tls_key):
+        p.error("--tls_ca, --tls_cert and --tls_key need --tls")
     return args
+
+
+def add_tls_arguments(p: argparse.ArgumentParser) -> None:
+    """The client's TLS flags (server.py --tls_cert serves TLS)."""
+    p.add_argument("--tls", action="store_true", help="connect over TLS; the server's "
+                   "certificate must name --host and be signed by a CA of --tls_ca")
+    p.add_argument("--tls_ca", help="PEM CA certificates to trust (default: the system's)")
+    p.add_argument("--tls_cert", help="PEM client certificate, for a server with "
+                   "--tls_client_ca")
+    p.add_argument("--tls_key", help="its private key, where not in --tls_cert's file")
+
+
+def tls_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``Client`` keyword arguments of ``add_tls_arguments``' flags."""
+    return {"tls": args.tls, "tls_ca": args.tls_ca, "tls_cert": args.tls_cert,
+            "tls_key": args.tls_key}
 
 
 def one_shot(client: Client, question: str, context: str, timeout: float,
@@ -80,12 +104,15 @@ def one_shot(client: Client, question: str, context: str, timeout: float,
 
 
 def read_address_file(path: str) -> tuple[str, int]:
-    """(host, port) from a server's ``--address_file``; a wildcard host means this machine.
+    """(host, port) from a server's ``--address_file``; a wildcard host means this machine;
+    a ``unix:///PATH`` address comes back as the host, with port 0.
 
     Raises:
         OSError: no such file (the server is not serving), or it does not hold HOST:PORT.
     """
     text = Path(path).read_text(encoding="utf-8").strip()
+    if text.startswith("unix://"):
+        return text, 0
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit():
         raise OSError(f"{path} holds {text!r}, not HOST:PORT")
@@ -100,11 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.address_file is not None:
             args.host, args.port = read_address_file(args.address_file)
-        client = Client(args.host, args.port, token=args.token)
+        client = Client(args.host, args.port, token=args.token, **tls_options(args))
     except ServerError as exc:  # it answered, and refused the token
         print(f"{where} refused the connection [{exc.code}]: {exc.message}", file=sys.stderr)
         return 1
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
+        where = args.address_file or describe(args.host, args.port, args.tls)
         print(f"cannot connect to {where}: {exc}", file=sys.stderr)
         return 2
     with client:

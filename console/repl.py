@@ -42,9 +42,8 @@ def repl(client: Client, context: str | None = None, model: str | None = None) -
     Returns:
         The exit status: 0, or 2 when ``model`` is not served.
     """
-    host, port = client.address
     try:
-        print(f"connected to {host}:{port} ({client.ping()})")
+        print(f"connected to {client.endpoint} ({client.ping()})")
         models = served_models(client)
         chosen = choose_model(models, model)
         if chosen is None:
@@ -54,7 +53,7 @@ def repl(client: Client, context: str | None = None, model: str | None = None) -
     except (EOFError, KeyboardInterrupt):
         print()
     except OSError as exc:
-        print(f"connection to {host}:{port} lost: {exc}")
+        print(f"connection to {client.endpoint} lost: {exc}")
     return 0
 
 

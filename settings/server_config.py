@@ -30,7 +30,18 @@ class ServerConfig:
     """Every serving setting; each field is also the CLI flag of the same name (docs/operations.md)."""
 
     host: str = option("127.0.0.1", "address to bind (0.0.0.0: all interfaces)")
-    port: int = option(9999, "TCP port (0: any free port)")
+    port: int = option(9999, "TCP port (0: any free port; -1: no TCP, serve --unix_socket only)")
+    unix_socket: str | None = option(None, "also serve on a Unix socket at this path (mode from "
+                                     "the umask; a stale file left by a dead server is "
+                                     "replaced; never TLS)")
+    tls_cert: str | None = option(None, "PEM certificate (chain): serve TCP over TLS 1.2+ "
+                                  "(needs --tls_key)")
+    tls_key: str | None = option(None, "PEM private key of --tls_cert (unencrypted)")
+    tls_client_ca: str | None = option(None, "PEM CA certificates: every TLS client must "
+                                       "present a certificate one of them signed")
+    tls_handshake_timeout_s: float = option(10.0, "seconds a TLS client may take to complete "
+                                            "its handshake before it is closed",
+                                            flag="--tls_handshake_timeout")
     num_inference_sessions: int = option(2, "inference-session threads, each with its own engine "
                                          "(per worker process, with --workers above 1)")
     workers: int = option(1, "processes that tokenize, batch and run the model (1: all in the "
@@ -184,7 +195,8 @@ class ServerConfig:
                    if getattr(self, name) < 0]
                 + ([] if self.send_timeout_s >= 0.001 else ["--send_timeout must be at least "
                                                               "0.001 (0 would mean never)"])
-                + self._device_problems() + self._broker_problems() + self._auth_problems())
+                + self._device_problems() + self._broker_problems()
+                + self._transport_problems() + self._auth_problems())
 
     def _device_problems(self) -> list[str]:
         problems = []
@@ -217,6 +229,45 @@ class ServerConfig:
             read_tokens(self.auth_token_file)
         except TokenFileError as exc:
             return [f"--auth_token_file: {exc}"]
+        return []
+
+    def _transport_problems(self) -> list[str]:
+        problems = []
+        if not -1 <= self.port <= 65535:
+            problems.append("--port must be -1 (no TCP), 0 (any free port) or a port number")
+        if self.port == -1 and not self.unix_socket:
+            problems.append("--port -1 serves no TCP: give --unix_socket to serve on")
+        if self.unix_socket is not None and not 0 < len(os.fsencode(self.unix_socket)) <= 107:
+            problems.append("--unix_socket must be a path of 1 to 107 bytes")
+        if self.tls_handshake_timeout_s <= 0:
+            problems.append("--tls_handshake_timeout must be positive")
+        if self.role == "worker" and (self.unix_socket or self.tls_cert):
+            problems.append("--unix_socket and --tls_cert apply to a listener; --role worker "
+                            "has none")
+        return problems + self._tls_problems()
+
+    def _tls_problems(self) -> list[str]:
+        if self.tls_cert is None and self.tls_key is None:
+            return ["--tls_client_ca needs --tls_cert and --tls_key"] \
+                if self.tls_client_ca is not None else []
+        if self.tls_cert is None or self.tls_key is None:
+            return ["--tls_cert and --tls_key go together"]
+        if self.port == -1:
+            return ["--tls_cert applies to TCP, and --port -1 serves none (the Unix socket "
+                    "never uses TLS)"]
+        named = {"--tls_cert": self.tls_cert, "--tls_key": self.tls_key,
+                 "--tls_client_ca": self.tls_client_ca}
+        unreadable = [f"{flag}: cannot read {path}" for flag, path in named.items()
+                      if path is not None and not (os.path.isfile(path)
+                                                   and os.access(path, os.R_OK))]
+        if unreadable:
+            return unreadable
+        from transport.tls import server_context  # ssl: only when TLS is asked for
+
+        try:
+            server_context(self.tls_cert, self.tls_key, self.tls_client_ca)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            return [f"--tls_cert/--tls_key/--tls_client_ca: cannot use them ({exc})"]
         return []
 
     def limits(self) -> FieldLimits:

@@ -21,10 +21,12 @@ TIME_BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 RESERVOIR = 8192
 #: Events counted by ``count_event``: connections refused at the cap, closed for idling, for a
 #: frame arriving too slowly, or for not reading replies; closed for failing to authenticate
-#: (a wrong token, or another request first) or for not authenticating in time; sessions, and
-#: worker processes, replaced after dying.
+#: (a wrong token, or another request first) or for not authenticating in time, or for a TLS
+#: handshake that failed or did not finish in time; sessions, and worker processes, replaced
+#: after dying.
 EVENTS = ("connection_refused", "idle_timeout", "frame_timeout", "send_timeout",
-          "auth_failed", "auth_timeout", "session_restart", "worker_restart")
+          "auth_failed", "auth_timeout", "tls_handshake_failed", "session_restart",
+          "worker_restart")
 
 
 class Timing:

@@ -26,10 +26,19 @@ QUESTIONS = ["When was it completed?", "Who won the prize?", "Wie viele Einwohne
 
 
 class RawConnection:
-    """A plain TCP socket that sends and receives our frames, for tests that misbehave on purpose."""
+    """A plain socket that sends and receives our frames, for tests that misbehave on purpose.
 
-    def __init__(self, address: tuple[str, int], timeout: float = 30.0) -> None:
-        self.sock = socket.create_connection(address, timeout=timeout)
+    Args:
+        address: (host, port) over TCP, or a Unix socket's ``unix:///path``.
+    """
+
+    def __init__(self, address: tuple[str, int] | str, timeout: float = 30.0) -> None:
+        if isinstance(address, str):
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(timeout)
+            self.sock.connect(address.removeprefix("unix://"))
+        else:
+            self.sock = socket.create_connection(address, timeout=timeout)
         self.decoder = FrameDecoder()
 
     def send(self, message: dict[str, Any]) -> None:
@@ -90,6 +99,16 @@ class Reference:
     def answer(self, question: str, context: str) -> dict[str, Any]:
         features = [self.task.preprocess(question, context)]
         return self.task.answer_batch(features, self.engine.run(self.task.collate(features)))[0]
+
+
+def assert_same_answer(result: dict[str, Any], expected: dict[str, Any], context: str) -> None:
+    """``result`` (from the server) is ``expected`` (``Reference.answer``) on ``context``."""
+    import pytest
+
+    assert context[result["start"]:result["end"]] == result["answer"]
+    assert (result["answer"], result["start"], result["end"]) == (
+        expected["answer"], expected["start"], expected["end"])
+    assert result["score"] == pytest.approx(expected["score"], rel=1e-3, abs=1e-6)
 
 
 class GatedEngine(Engine):

@@ -1,6 +1,8 @@
-"""Socket transport for the framed protocol."""
+"""Socket transport for the framed protocol: TCP, a Unix socket, TLS over TCP."""
 
 from transport.connection import Connection
-from transport.listener import BindError, Listener, bind_socket, refuse
+from transport.errors import BindError
+from transport.listener import Listener, bind_socket, refuse
+from transport.unix import bind_unix_socket
 
-__all__ = ["BindError", "Connection", "Listener", "bind_socket", "refuse"]
+__all__ = ["BindError", "Connection", "Listener", "bind_socket", "bind_unix_socket", "refuse"]

@@ -1,4 +1,4 @@
-"""How a TCP socket is closed without destroying replies the client has not yet received.
+"""How a socket is closed without destroying replies the client has not yet received.
 
 Closing a socket whose receive buffer still holds unread client bytes makes the kernel send a
 reset instead of a FIN, and a reset throws away whatever the socket had sent but the client had
@@ -6,6 +6,12 @@ not yet acknowledged. A server that stops while a client is still sending (a pip
 or one whose stream went on past a bad frame) would lose its last replies that way. So a
 connection that ends on purpose first shuts its write side (a FIN queued behind the replies),
 keeps discarding input, and closes only once the client has acknowledged everything sent.
+
+The same steps serve every stream. Over TLS, ``transport.tls.TLSStream.shut_write`` sends
+close_notify before the FIN. Over a Unix socket, SIOCOUTQ counts the memory of what was sent
+and the client has not read yet, so it reaches 0 once the client has *read* every reply (there
+is no network in between to acknowledge); closing with unread input there lets the client read
+what was sent, then reports a reset instead of the end of the stream.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ DELIVERY_POLL_S = 0.01
 
 
 def unacknowledged_bytes(sock: socket.socket) -> int | None:
-    """Bytes written to ``sock`` that the peer has not acknowledged yet (Linux SIOCOUTQ).
+    """Bytes written to ``sock`` that the peer has not acknowledged yet (Linux SIOCOUTQ); over
+    a Unix socket, the memory of what the peer has not read yet (0 exactly when it has read all).
 
     Returns:
         The count, or None where the platform cannot tell (then callers wait for EOF or time).
@@ -39,9 +46,12 @@ def delivered(sock: socket.socket) -> bool:
 
 
 def shut_write(sock: socket.socket) -> bool:
-    """Queue a FIN behind everything sent so far. Returns False if the socket is already gone."""
+    """Queue a FIN behind everything sent so far. Returns False if the socket is already gone.
+
+    It calls the socket's own shutdown: an ``ssl.SSLSocket``'s would also drop its TLS state,
+    which other threads may be using."""
     try:
-        sock.shutdown(socket.SHUT_WR)
+        socket.socket.shutdown(sock, socket.SHUT_WR)
     except OSError:
         return False
     return True

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import select
 import socket
-import struct
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -20,8 +20,10 @@ from typing import Any, Protocol
 from protocol import FrameDecoder, encode_frame, error_reply, ok_reply
 from protocol.errors import FrameTimeout, IdleTimeout, ProtocolError, ServerError
 from telemetry.stats import ServerStats
-from transport.closing import DELIVERY_POLL_S, delivered, shut_write
+from transport.closing import DELIVERY_POLL_S
 from transport.coalesce import holding
+from transport.stream import PlainStream, peer_name
+from transport.tls import TLSStream
 
 log = logging.getLogger("server.transport")
 
@@ -33,6 +35,7 @@ class ServerHooks(Protocol):
     send_timeout_s: float
     idle_timeout_s: float
     frame_timeout_s: float
+    tls_handshake_timeout_s: float
     stats: ServerStats
 
     def handle(self, message: Any, conn: Connection) -> None:
@@ -67,11 +70,18 @@ class Connection:
     half-closes, replies still in flight are delivered before the socket closes. A connection
     ended on purpose (a fatal error, the server's stop) shuts its write side first and closes only
     once the client has received every reply (transport/closing.py).
+
+    The socket may be TCP or Unix. With ``tls``, the reader thread first completes the TLS
+    handshake, within ``tls_handshake_timeout_s`` (transport/tls.py), and every byte then moves
+    through the TLS stream; the listener thread only wraps the socket, which does no I/O.
     """
 
-    def __init__(self, sock: socket.socket, peer: tuple[Any, ...], server: ServerHooks) -> None:
-        self.sock = sock
-        self.peer = f"{peer[0]}:{peer[1]}"
+    def __init__(self, sock: socket.socket, peer: Any, server: ServerHooks, *,
+                 tls: ssl.SSLContext | None = None) -> None:
+        self.peer = peer_name(sock, peer)
+        self.stream = PlainStream(sock, server.send_timeout_s) if tls is None else \
+            TLSStream(sock, tls, server.send_timeout_s)
+        self.sock = self.stream.sock
         self.server = server
         self.decoder = FrameDecoder(server.max_frame_size)
         self._cond = threading.Condition()  # guards everything below
@@ -88,11 +98,7 @@ class Connection:
         self._deadline: tuple[float, Expiry] | None = None  # see set_deadline
         self.state: Any = None  # dispatch/'s per-connection state (auth); never read here
         self._poll = select.poll()
-        self._poll.register(sock, select.POLLIN)
-        _set_send_timeout(sock, server.send_timeout_s)
-        # Each reply is one small write; without this, Nagle's algorithm can hold a pipelined
-        # reply until the client acknowledges the previous one (up to a delayed-ACK timeout).
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._poll.register(self.sock, select.POLLIN)
         self.thread = threading.Thread(target=self.serve, name=f"conn-{self.peer}", daemon=True)
 
     def is_open(self) -> bool:
@@ -108,6 +114,8 @@ class Connection:
     def serve(self) -> None:
         """Reader thread body: read, decode and admit until EOF, error or shutdown."""
         try:
+            if not self._handshake():
+                return
             if self._read_loop():  # fatal: deliver the error reply only, then linger
                 self._linger()
             else:
@@ -118,8 +126,18 @@ class Connection:
             self.close()
             if self._writer is not None:
                 self._writer.join()
-            self.sock.close()  # only now: no thread of ours still uses the descriptor
+            self.stream.close()  # only now: no thread of ours still uses the descriptor
             self.server.forget(self)
+
+    def _handshake(self) -> bool:
+        """Set up the stream (TLS: the handshake, bounded); False if the connection ends."""
+        failure = self.stream.handshake(self.server.tls_handshake_timeout_s, self.is_open)
+        if failure is None:
+            return True
+        if self.is_open():  # not a stop of ours: count it
+            log.info("connection %s: TLS handshake failed (%s); closing", self.peer, failure)
+            self.server.stats.count_event("tls_handshake_failed")
+        return False
 
     def _read_loop(self) -> bool:
         """Read until EOF, reset or a fatal error; True if a fatal error reply was sent."""
@@ -129,10 +147,12 @@ class Connection:
                 self.send(error_reply(None, timeout), final=True)
                 return True
             try:
-                data = self.sock.recv(65536)
+                data = self.stream.recv(65536)
             except OSError:  # reset: the client is gone, not half-closed; drop its queued work
                 self.close()
                 return False
+            if data is None:  # TLS: a record not complete yet
+                continue
             if self._ending:  # finishing (the server stops): input is only drained
                 if not data:
                     return False
@@ -168,11 +188,12 @@ class Connection:
         while not self.finish() and time.monotonic() < until:
             if not reading:  # the client half-closed: its replies may still be on their way
                 time.sleep(DELIVERY_POLL_S)
-            elif self._poll.poll(int(DELIVERY_POLL_S * 1000)):
+            elif self.stream.buffered() or self._poll.poll(int(DELIVERY_POLL_S * 1000)):
                 try:
-                    reading = bool(self.sock.recv(65536))
+                    data = self.stream.recv(65536)
                 except OSError:
                     return  # reset: the client is gone
+                reading = data is None or bool(data)
 
     def _await_data(self) -> ServerError | None:
         """Block until bytes (or EOF) can be read; the timeout error if one ran out first."""
@@ -188,7 +209,7 @@ class Connection:
             # restarts at its last reply, which does not wake the poll
             wait_ms = None if until is None else max(0, min(int((until - now) * 1000) + 1,
                                                             POLL_MAX_MS))
-            if self._poll.poll(wait_ms) or not self._open:
+            if self.stream.buffered() or self._poll.poll(wait_ms) or not self._open:
                 return None
             if expire is not None and time.monotonic() >= until:  # type: ignore[operator]
                 return expire()
@@ -290,9 +311,7 @@ class Connection:
         False if the connection had to close."""
         if not self._outbox and not self._writing:
             try:  # the usual case: the socket buffer takes the whole frame now
-                frame = frame[self.sock.send(frame, socket.MSG_DONTWAIT):]
-            except BlockingIOError:
-                pass
+                frame = frame[self.stream.send_now(frame):]
             except OSError as exc:
                 log.info("connection %s: send failed (%s); closing", self.peer, exc)
                 self._close_locked()
@@ -327,7 +346,7 @@ class Connection:
                 data, self._outbox = bytes(self._outbox), bytearray()
                 self._writing = True
             try:
-                self.sock.sendall(data)
+                self.stream.send_all(data)
                 failure = None
             except OSError as exc:
                 failure = exc
@@ -359,8 +378,8 @@ class Connection:
             if self._outbox or self._writing or self._held:
                 return False
             if not self._fin_queued:
-                self._fin_queued = shut_write(self.sock)
-            if self._fin_queued and not delivered(self.sock):
+                self._fin_queued = self.stream.shut_write()
+            if self._fin_queued and not self.stream.delivered():
                 return False
             self._close_locked()
             return True
@@ -381,18 +400,6 @@ class Connection:
             return
         self._open = False
         self._outbox.clear()
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)  # the reader thread closes the descriptor
-        except OSError:
-            pass
+        self.stream.abort()  # the reader thread closes the descriptor
         self._cond.notify_all()
 
-
-def _set_send_timeout(sock: socket.socket, seconds: float) -> None:
-    """Bound how long a reply may block on a client that does not read (Linux SO_SNDTIMEO)."""
-    whole = int(seconds)
-    timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
-    except OSError:
-        log.debug("SO_SNDTIMEO not supported here")

@@ -1,4 +1,5 @@
-"""The accept loop, and the refusal of connections beyond the server's cap."""
+"""The accept loop over the listening sockets (TCP, a Unix socket, or both), and the refusal of
+connections beyond the server's cap."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from typing import Any
 
 from protocol import encode_frame, error_reply
 from protocol.errors import ServerError
+from transport.errors import BindError
+from transport.unix import describe, file_identity, remove_socket_file, socket_path
 
 log = logging.getLogger("server.transport")
 
@@ -26,10 +29,6 @@ _BIND_HINTS = {
     errno.EACCES: "ports below 1024 need privileges; pick another --port",
     errno.EADDRNOTAVAIL: "no interface of this machine has that address; check --host",
 }
-
-
-class BindError(OSError):
-    """The server cannot have the address it was asked to listen on."""
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -63,19 +62,26 @@ def _bind_error(exc: OSError, host: str, port: int) -> BindError:
 
 
 class Listener(threading.Thread):
-    """Accepts connections until stopped; blocks in a selector, woken by a socket pair to stop.
+    """Accepts connections on every listening socket until stopped; blocks in one selector,
+    woken by a socket pair to stop.
 
-    Built on a bound socket (``bind_socket``); it listens only once started, so connections are
-    refused, not left waiting, while the server loads.
+    Built on bound sockets (``bind_socket``, ``transport.unix.bind_unix_socket``); it listens
+    only once started, so connections are refused, not left waiting, while the server loads.
+    ``stop`` closes them all and removes the Unix socket's file.
     """
 
-    def __init__(self, sock: socket.socket, on_accept: Callable[[socket.socket, Any], None]) -> None:
+    def __init__(self, socks: list[socket.socket],
+                 on_accept: Callable[[socket.socket, Any], None]) -> None:
         super().__init__(name="listener", daemon=True)
-        self.sock = sock
+        self.socks = socks
         self.on_accept = on_accept
+        # the file each Unix socket made, so that stop removes it and nothing else
+        self._files = {path: file_identity(path) for sock in socks
+                       if (path := socket_path(sock)) is not None}
         self._wake_r, self._wake_w = socket.socketpair()
         self._selector = selectors.DefaultSelector()
-        self._selector.register(sock, selectors.EVENT_READ)
+        for sock in socks:
+            self._selector.register(sock, selectors.EVENT_READ)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
 
     def start(self) -> None:
@@ -83,12 +89,22 @@ class Listener(threading.Thread):
 
         Raises:
             BindError: another process bound the same port meanwhile and listens first (two
-                servers started on one port at once both bind; only one can listen).
+                servers started on one port at once both bind; only one can listen), or
+                replaced our Unix socket's file as stale while we loaded.
         """
-        try:
-            self.sock.listen(BACKLOG)
-        except OSError as exc:
-            raise _bind_error(exc, *self.sock.getsockname()[:2]) from exc
+        for sock in self.socks:
+            path = socket_path(sock)
+            if path is not None and file_identity(path) != self._files[path]:
+                raise BindError(errno.EADDRINUSE, f"cannot listen on {describe(path)}: another "
+                                "process replaced the socket file while this server loaded "
+                                "(another server.py started on the same --unix_socket?)")
+            try:
+                sock.listen(BACKLOG)
+            except OSError as exc:
+                if path is not None:
+                    raise BindError(exc.errno, f"cannot listen on {describe(path)}: "
+                                    f"{exc.strerror}") from exc
+                raise _bind_error(exc, *sock.getsockname()[:2]) from exc
         super().start()
 
     def run(self) -> None:
@@ -98,7 +114,7 @@ class Listener(threading.Thread):
                 if key.fileobj is self._wake_r:
                     return
                 try:
-                    client, peer = self.sock.accept()
+                    client, peer = key.fileobj.accept()  # type: ignore[union-attr]
                 except OSError as exc:  # e.g. EMFILE: log, keep serving the others
                     log.warning("accept failed: %s", exc)
                     continue
@@ -109,19 +125,28 @@ class Listener(threading.Thread):
                     client.close()
 
     def stop(self) -> None:
-        """Stop accepting (if started) and close the listening socket."""
+        """Stop accepting (if started), close the listening sockets and remove the Unix
+        socket's file (if it is still ours)."""
         if self.is_alive():
             self._wake_w.send(b"x")
             self.join()
         self._selector.close()
-        for s in (self.sock, self._wake_r, self._wake_w):
+        for s in (*self.socks, self._wake_r, self._wake_w):
             s.close()
+        for path, identity in self._files.items():
+            remove_socket_file(path, identity)
 
 
-def refuse(sock: socket.socket, error: ServerError) -> None:
-    """Answer a connection we will not serve with one error reply, then close it; never blocks."""
+def refuse(sock: socket.socket, error: ServerError, *, reply: bool = True) -> None:
+    """Answer a connection we will not serve with one error reply, then close it; never blocks.
+
+    Args:
+        reply: False for a TLS listener: the reply would need a handshake, which the listener
+            thread never does, so the connection is only closed.
+    """
     try:
-        sock.send(encode_frame(error_reply(None, error)), socket.MSG_DONTWAIT)
+        if reply:
+            sock.send(encode_frame(error_reply(None, error)), socket.MSG_DONTWAIT)
         sock.shutdown(socket.SHUT_WR)
         sock.setblocking(False)
         sock.recv(65536)  # drop what the client already sent, so closing does not reset
@@ -131,13 +156,15 @@ def refuse(sock: socket.socket, error: ServerError) -> None:
         sock.close()
 
 
-def publish_address(path: str | Path, address: tuple[str, int] | None) -> None:
-    """Write ``HOST:PORT`` to ``path`` atomically, or remove it when ``address`` is None (not
-    serving): what ``client.py --address_file`` and health checks read."""
+def publish_address(path: str | Path, address: tuple[str, int] | str | None) -> None:
+    """Write ``HOST:PORT`` (or a ``unix:///path`` address) to ``path`` atomically, or remove it
+    when ``address`` is None (not serving): what ``client.py --address_file`` and health checks
+    read."""
     path = Path(path)
     if address is None:
         path.unlink(missing_ok=True)
         return
+    line = address if isinstance(address, str) else f"{address[0]}:{address[1]}"
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(f"{address[0]}:{address[1]}\n", encoding="utf-8")
+    tmp.write_text(f"{line}\n", encoding="utf-8")
     tmp.replace(path)
