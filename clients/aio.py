@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from clients.common import ConnectionLost, Result, deadline_ms, text_list
+from clients.endpoint import client_context, unix_path
 from protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     FrameDecoder,
@@ -65,14 +66,27 @@ class AsyncClient:
         connect_timeout: Seconds to wait for the connection to open, and for the ``auth``
             reply.
         max_frame_size: Largest reply frame accepted.
+        tls: Connect over TLS (the server runs with ``--tls_cert``): the server's
+            certificate must be signed by ``tls_ca`` (None: the system's CAs) and name ``host``.
+        tls_ca, tls_cert, tls_key: As ``Client``'s (a client certificate for a server started
+            with ``--tls_client_ca``).
         token: Authenticate with this token (a server started with ``--auth_token_file``):
             ``open`` sends ``auth`` first and returns once it is accepted.
+
+    ``host`` may be ``unix:///path/to.sock``, the server's Unix socket (``port`` is ignored).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 9999, *,
                  connect_timeout: float = 10.0,
-                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, token: str | None = None) -> None:
+                 max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, tls: bool = False,
+                 tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None, token: str | None = None) -> None:
+        if not tls and (tls_ca or tls_cert or tls_key):
+            raise ValueError("tls_ca, tls_cert and tls_key need tls=True")
+        if tls and unix_path(host) is not None:
+            raise ValueError(f"{host} is a Unix socket: the server serves it without TLS")
         self.address = (host, port)
+        self._tls = client_context(tls_ca, tls_cert, tls_key) if tls else None
         self._token = token  # never printed
         self.connect_timeout = connect_timeout
         self.dropped_replies = 0
@@ -89,8 +103,9 @@ class AsyncClient:
     @classmethod
     async def connect(cls, host: str = "127.0.0.1", port: int = 9999, *,
                       connect_timeout: float = 10.0,
-                      max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-                      token: str | None = None) -> AsyncClient:
+                      max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, tls: bool = False,
+                      tls_ca: str | None = None, tls_cert: str | None = None,
+                      tls_key: str | None = None, token: str | None = None) -> AsyncClient:
         """Open a connection and return its client.
 
         Raises:
@@ -99,7 +114,7 @@ class AsyncClient:
             Unauthorized: the server refused ``token``.
         """
         client = cls(host, port, connect_timeout=connect_timeout, max_frame_size=max_frame_size,
-                     token=token)
+                     tls=tls, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, token=token)
         await client.open()
         return client
 
@@ -131,13 +146,14 @@ class AsyncClient:
             raise
 
     async def _open_streams(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """Open the byte streams to ``self.address``: the one place the transport is chosen.
-
-        asyncio sets ``TCP_NODELAY`` on TCP connections itself. Other address schemes and
-        TLS belong here (``asyncio.open_unix_connection``, ``open_connection(..., ssl=...)``).
-        """
+        """Open the byte streams to ``self.address``: the one place the transport is chosen
+        (TCP, TLS over TCP, or a ``unix://`` socket). asyncio sets ``TCP_NODELAY`` itself."""
         host, port = self.address
-        return await asyncio.open_connection(host, port)
+        path = unix_path(host)
+        if path is not None:
+            return await asyncio.open_unix_connection(path)
+        return await asyncio.open_connection(host, port, ssl=self._tls,
+                                             server_hostname=host if self._tls else None)
 
     async def close(self) -> None:
         """Close the connection; requests still pending fail with ConnectionLost."""
