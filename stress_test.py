@@ -25,7 +25,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from bench.plots import plot_runs
 from bench.report import format_report, format_tables
 from client import Client
 from console.catalog import routed_to
+from console.cli import add_tls_arguments, tls_options
 from protocol import BadRequest, Unauthorized
 from settings.cli import HelpFormatter
 from settings.tokens import add_token_options, token_from
@@ -60,7 +61,8 @@ def run_closed_loop(host: str, port: int, *, clients: int, requests_per_client: 
                     pairs: Sequence[Item], pipeline: int = 1, processes: int | None = None,
                     warmup: int = 0, progress: bool = True, total_clients: int | None = None,
                     timeout_s: float = 120.0, budget_s: float | None = None, op: str = "qa",
-                    model: str | None = None, token: str | None = None) -> dict[str, Any]:
+                    model: str | None = None,
+                    client: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Closed loop: ``clients`` connections at a time, each sending as soon as a reply is in.
 
     Args:
@@ -79,7 +81,8 @@ def run_closed_loop(host: str, port: int, *, clients: int, requests_per_client: 
             requests in flight then are still answered and counted. None: no time limit.
         op: The op of the mix's field maps (pairs are qa requests).
         model: The served model every request names; None: the one serving the op.
-        token: Authenticate every connection with it (a server with ``--auth_token_file``).
+        client: ``Client``'s connection options for every connection: ``token`` (a server with
+            ``--auth_token_file``), ``tls``, ``tls_ca``, ``tls_cert``, ``tls_key``.
 
     Returns:
         ``{"settings", "started", "requests", "ok", "errors": {code: n}, "wall_s",
@@ -97,7 +100,8 @@ def run_closed_loop(host: str, port: int, *, clients: int, requests_per_client: 
     if budget_s is not None:
         check_positive(budget_s=budget_s)
     specs = [ClosedSpec(host, port, tuple(pairs), slots, requests_per_client, pipeline, timeout_s,
-                        budget_s, op, model, token) for slots in split_evenly(clients, procs)]
+                        budget_s, op, model, dict(client or {}))
+             for slots in split_evenly(clients, procs)]
     settings = {"mode": "closed", "clients": clients, "total_clients": total_clients,
                 "requests_per_client": requests_per_client, "pipeline": pipeline,
                 "budget_s": budget_s, "processes": procs, "warmup": warmup, "pairs": len(pairs),
@@ -116,7 +120,7 @@ def run_open_loop(host: str, port: int, *, rate: float, duration_s: float,
                   progress: bool = True, connections: int | None = None,
                   max_requests: int | None = None, timeout_s: float = 120.0,
                   seed: int = 0, op: str = "qa", model: str | None = None,
-                  token: str | None = None) -> dict[str, Any]:
+                  client: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Open loop: Poisson arrivals at ``rate`` requests/s in total, sent whatever the replies do.
 
     Each latency runs from the request's scheduled send time, so a server (or a sender) that
@@ -133,7 +137,7 @@ def run_open_loop(host: str, port: int, *, rate: float, duration_s: float,
         max_requests: Stop after this many arrivals in total (the first limit reached wins).
         timeout_s: Seconds without a reply, once all are sent, after which the rest time out.
         seed: Seeds the arrival times (process i uses ``seed + i``).
-        op, model, token: As for ``run_closed_loop``.
+        op, model, client: As for ``run_closed_loop``.
 
     Returns:
         As ``run_closed_loop``, plus ``send_lag`` (how late sends were against the schedule).
@@ -146,7 +150,7 @@ def run_open_loop(host: str, port: int, *, rate: float, duration_s: float,
     connections = max(connections or procs, procs)
     counts = split_evenly(max_requests, procs) if max_requests is not None else [None] * procs
     specs = [OpenSpec(host, port, tuple(pairs), conns, rate / procs, duration_s, count, seed + i,
-                      i * len(pairs) // procs, timeout_s, op, model, token)
+                      i * len(pairs) // procs, timeout_s, op, model, dict(client or {}))
              for i, (conns, count) in enumerate(zip(split_evenly(connections, procs), counts,
                                                     strict=True))]
     settings = {"mode": "open", "rate": rate, "duration_s": duration_s,
@@ -163,13 +167,14 @@ def run_sweep(host: str, port: int, *, levels: Sequence[int], requests_per_clien
               processes: int | None = None, warmup: int = 0, progress: bool = True,
               timeout_s: float = 120.0, level_seconds: float | None = DEFAULT_LEVEL_SECONDS,
               on_run: Callable[[dict[str, Any]], None] | None = None, op: str = "qa",
-              model: str | None = None, token: str | None = None) -> list[dict[str, Any]]:
+              model: str | None = None,
+              client: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """One closed-loop run per concurrency level (warm-up before the first only).
 
     Each level runs up to ``max(level, total_clients)`` client connections of
     ``requests_per_client`` requests, and sends nothing new after ``level_seconds`` (None: no
     time limit); whichever limit comes first ends it (the run's ``stopped_by``). ``op``,
-    ``model`` and ``token`` as for ``run_closed_loop``.
+    ``model`` and ``client`` as for ``run_closed_loop``.
     """
     runs = []
     for n, level in enumerate(levels):
@@ -177,7 +182,7 @@ def run_sweep(host: str, port: int, *, levels: Sequence[int], requests_per_clien
             host, port, clients=level, requests_per_client=requests_per_client, pairs=pairs,
             pipeline=pipeline, processes=processes, warmup=warmup if n == 0 else 0,
             progress=progress, total_clients=max(level, total_clients), timeout_s=timeout_s,
-            budget_s=level_seconds, op=op, model=model, token=token))
+            budget_s=level_seconds, op=op, model=model, client=client))
         if on_run is not None:
             on_run(runs[-1])
     return runs
@@ -238,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the open loop's arrival times")
     p.add_argument("--no_progress", action="store_true", help="no progress bar")
     add_token_options(p)
+    add_tls_arguments(p)
     return p
 
 
@@ -247,6 +253,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
     args.token = token_from(args, p)
+    if not args.tls and (args.tls_ca or args.tls_cert or args.tls_key):
+        p.error("--tls_ca, --tls_cert and --tls_key need --tls")
     if args.rate is not None and (args.sweep or args.pipeline != 1):
         p.error("--rate (open loop) does not go with --sweep or --pipeline")
     if args.duration is not None and args.rate is None:
@@ -270,7 +278,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def check_served(host: str, port: int, task: str, model: str | None,
-                 token: str | None = None) -> None:
+                 client: Mapping[str, Any] | None = None) -> None:
     """Refuse a run whose every request the server would refuse (``bad_request``): ``model``
     not served or serving another op, or no model, or several and none named, serving ``task``.
     A server older than the ``models`` op is not checked.
@@ -280,14 +288,14 @@ def check_served(host: str, port: int, task: str, model: str | None,
         ConnectionError: the server cannot be reached, or refused the token (or the lack of one).
     """
     try:
-        with Client(host, port, token=token) as client:
-            models = client.models(timeout=30)
+        with Client(host, port, **(client or {})) as control:
+            models = control.models(timeout=30)
     except BadRequest:
         return
     except Unauthorized as exc:
         raise ConnectionError(f"{host}:{port} refused the connection: {exc.message} "
                               "(--token, --token_file)") from None
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: TLS options that cannot apply
         raise ConnectionError(f"cannot reach {host}:{port}: {exc}") from exc
     target = routed_to(models, task, model)
     if target is not None and target["op"] == task:
@@ -306,10 +314,11 @@ def check_served(host: str, port: int, task: str, model: str | None,
 
 def _runs(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
     """Run what the options ask for, appending each result to ``runs`` and printing it."""
-    check_served(args.host, args.port, args.task, args.model, args.token)
+    client = {"token": args.token, **tls_options(args)}
+    check_served(args.host, args.port, args.task, args.model, client)
     common = {"pairs": args.pairs, "processes": args.processes, "warmup": args.warmup,
               "progress": not args.no_progress, "timeout_s": args.timeout, "op": args.task,
-              "model": args.model, "token": args.token}
+              "model": args.model, "client": client}
 
     def record(result: dict[str, Any]) -> None:
         result["settings"]["data"] = str(args.data or DEFAULT_DATA)

@@ -55,7 +55,8 @@ class ClosedSpec:
     budget_s: float | None = None  # seconds from the start after which nothing new is sent
     op: str = "qa"  # the op of the mix's field maps
     model: str | None = None  # the served model every request names (None: the server's pick)
-    token: str | None = field(default=None, repr=False)  # authenticate each connection with it
+    #: Client's connection options (token, tls, tls_ca, ...): never printed, it may hold a token
+    client: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class OpenSpec:
     timeout_s: float
     op: str = "qa"
     model: str | None = None
-    token: str | None = field(default=None, repr=False)
+    client: Mapping[str, Any] = field(default_factory=dict, repr=False)  # as ClosedSpec's
 
 
 def send(client: Client, item: Item, op: str = "qa",
@@ -281,7 +282,7 @@ def _slot(spec: ClosedSpec, tickets: Any, recorder: Recorder, deadline: float) -
             return
         recorder.client_started()
         try:
-            client = Client(spec.host, spec.port, token=spec.token)
+            client = Client(spec.host, spec.port, **spec.client)
         except OSError:
             recorder.failed("connect_failed", spec.requests_per_client)
             continue
@@ -378,7 +379,7 @@ def open_worker(spec: OpenSpec, index: int, events: Any, go: Any, tickets: Any) 
     """Process entry point of an open-loop worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        clients = [Client(spec.host, spec.port, token=spec.token)
+        clients = [Client(spec.host, spec.port, **spec.client)
                    for _ in range(spec.connections)]
     except OSError as exc:
         events.put(("failed", index, f"cannot connect to {spec.host}:{spec.port}: {exc}"))

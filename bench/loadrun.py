@@ -125,7 +125,7 @@ def measure(target: Callable[..., None], specs: Sequence[ClosedSpec | OpenSpec],
     host, port = specs[0].host, specs[0].port
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     try:
-        control = Client(host, port, token=specs[0].token)
+        control = Client(host, port, **specs[0].client)
     except OSError as exc:
         raise ConnectionError(f"cannot reach {host}:{port}: {exc}") from exc
     with control:

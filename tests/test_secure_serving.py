@@ -74,3 +74,21 @@ def test_the_async_client_refuses_tls_options_it_cannot_use() -> None:
         AsyncClient("127.0.0.1", 1, tls_ca="ca.crt")
     with pytest.raises(ValueError, match="Unix socket"):
         AsyncClient("unix:///tmp/x.sock", tls=True)
+
+
+def test_the_stress_test_loads_a_tls_server_with_a_token(server: InferenceServer,
+                                                         certs: Path) -> None:  # noqa: F811
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    run = [sys.executable, "stress_test.py", "--host", server.address[0], "--port",
+           str(server.address[1]), "--num_simultaneous_clients", "2", "--num_total_clients", "4",
+           "--num_request_per_client", "2", "--warmup", "1", "--processes", "1", "--no_progress",
+           "--token", TOKEN]
+    done = subprocess.run([*run, "--tls", "--tls_ca", str(certs / "ca.crt")], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "requests: 8   ok: 8   errors: none" in done.stdout
+    plain = subprocess.run(run, cwd=root, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 2, plain.stdout
