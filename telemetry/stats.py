@@ -23,10 +23,10 @@ RESERVOIR = 8192
 #: frame arriving too slowly, or for not reading replies; closed for failing to authenticate
 #: (a wrong token, or another request first) or for not authenticating in time, or for a TLS
 #: handshake that failed or did not finish in time; sessions, and worker processes, replaced
-#: after dying.
+#: after dying; a front end's broker lost, and found again (``--broker``).
 EVENTS = ("connection_refused", "idle_timeout", "frame_timeout", "send_timeout",
           "auth_failed", "auth_timeout", "tls_handshake_failed", "session_restart",
-          "worker_restart")
+          "worker_restart", "broker_lost", "broker_reconnect")
 
 
 class Timing:

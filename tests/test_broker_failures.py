@@ -126,6 +126,7 @@ def test_redis_restarted_under_load_the_front_end_recovers_by_itself(
         with Client(*front.address) as client:
             stats = client.stats(timeout=10)
         assert stats["broker"]["reconnects"] >= 1 and stats["in_flight"] == 0
+        assert stats["events"]["broker_lost"] >= 1 and stats["events"]["broker_reconnect"] >= 1
     finally:
         stop.set()
         front.shutdown(10)
