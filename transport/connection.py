@@ -14,46 +14,23 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from protocol import FrameDecoder, encode_frame, error_reply, ok_reply
 from protocol.errors import FrameTimeout, IdleTimeout, ProtocolError, ServerError
-from telemetry.stats import ServerStats
 from transport.closing import DELIVERY_POLL_S
 from transport.coalesce import holding
+from transport.hooks import Expiry, ServerHooks
 from transport.stream import PlainStream, peer_name
 from transport.tls import TLSStream
 
 log = logging.getLogger("server.transport")
 
 
-class ServerHooks(Protocol):
-    """What a connection needs from the server that owns it."""
-
-    max_frame_size: int
-    send_timeout_s: float
-    idle_timeout_s: float
-    frame_timeout_s: float
-    tls_handshake_timeout_s: float
-    stats: ServerStats
-
-    def handle(self, message: Any, conn: Connection) -> None:
-        """Answer or admit one decoded request (dispatch/handler.py); never raises."""
-
-    def forget(self, conn: Connection) -> None:
-        """The connection has closed."""
-
-    def flush(self) -> None:
-        """The requests of one read were admitted: hand them on together."""
-
-
 #: Unsent reply bytes above which the reader stops reading requests until the client catches up.
 OUTBOX_HIGH_WATER = 1 << 20
 #: Longest single poll of a reader, in ms; it then looks at its clocks again.
 POLL_MAX_MS = 60_000
-Expiry = Callable[[], ServerError]
-"""Builds the fatal error a connection is closed with when one of its deadlines passes."""
 
 
 class Connection:
