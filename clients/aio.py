@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from clients.common import ConnectionLost, Result, deadline_ms, text_list
-from clients.endpoint import client_context, unix_path
+from clients.endpoint import check_tls_options, client_context, unix_path
 from protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     FrameDecoder,
@@ -81,10 +81,7 @@ class AsyncClient:
                  max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, tls: bool = False,
                  tls_ca: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None, token: str | None = None) -> None:
-        if not tls and (tls_ca or tls_cert or tls_key):
-            raise ValueError("tls_ca, tls_cert and tls_key need tls=True")
-        if tls and unix_path(host) is not None:
-            raise ValueError(f"{host} is a Unix socket: the server serves it without TLS")
+        check_tls_options(host, tls, tls_ca, tls_cert, tls_key)
         self.address = (host, port)
         self._tls = client_context(tls_ca, tls_cert, tls_key) if tls else None
         self._token = token  # never printed

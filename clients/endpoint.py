@@ -68,6 +68,19 @@ def client_context(ca: str | None = None, cert: str | None = None,
     return context
 
 
+def check_tls_options(host: str, tls: bool, tls_ca: str | None, tls_cert: str | None,
+                      tls_key: str | None) -> None:
+    """Refuse TLS options that cannot apply (both clients check them before connecting).
+
+    Raises:
+        ValueError: TLS files without ``tls``, or TLS asked for a Unix socket.
+    """
+    if not tls and (tls_ca or tls_cert or tls_key):
+        raise ValueError("tls_ca, tls_cert and tls_key need tls=True")
+    if tls and unix_path(host) is not None:
+        raise ValueError(f"{host} is a Unix socket: the server serves it without TLS")
+
+
 def open_socket(host: str, port: int, *, timeout: float, tls: bool = False,
                 tls_ca: str | None = None, tls_cert: str | None = None,
                 tls_key: str | None = None) -> ByteStream:
@@ -78,12 +91,9 @@ def open_socket(host: str, port: int, *, timeout: float, tls: bool = False,
         ValueError: TLS asked for a Unix socket, or TLS files given without ``tls``.
         OSError: the connection (or the handshake: ``ssl.SSLError``) failed.
     """
-    if not tls and (tls_ca or tls_cert or tls_key):
-        raise ValueError("tls_ca, tls_cert and tls_key need tls=True")
+    check_tls_options(host, tls, tls_ca, tls_cert, tls_key)
     path = unix_path(host)
     if path is not None:
-        if tls:
-            raise ValueError(f"{host} is a Unix socket: the server serves it without TLS")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         _connect(sock, path, timeout)
         return sock
