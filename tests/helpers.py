@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.base import Engine
-from protocol import FrameDecoder, encode_frame
+from protocol import FrameDecoder, encode_frame, qa_request
 
 CONTEXTS = [
     "The Eiffel Tower was completed in 1889 and stands in Paris, on the Champ de Mars.",
@@ -109,6 +109,21 @@ def assert_same_answer(result: dict[str, Any], expected: dict[str, Any], context
     assert (result["answer"], result["start"], result["end"]) == (
         expected["answer"], expected["start"], expected["end"])
     assert result["score"] == pytest.approx(expected["score"], rel=1e-3, abs=1e-6)
+
+
+def assert_pipelined_answers(address: Any, reference: Reference, first_id: int,
+                             count: int = 60) -> None:
+    """``count`` qa requests sent in one write to ``address`` (host and port, or ``unix://``)
+    each get one reply, matched by id, with the in-process answer."""
+    conn = RawConnection(address)
+    pairs = {first_id + i: (QUESTIONS[i % 6], CONTEXTS[(i * 5) % 6]) for i in range(count)}
+    conn.send_raw(b"".join(encode_frame(qa_request(rid, q, c)) for rid, (q, c) in pairs.items()))
+    replies = conn.recv_replies(len(pairs))
+    conn.close()
+    assert set(replies) == set(pairs)
+    for rid, (question, context) in pairs.items():
+        assert replies[rid]["ok"], replies[rid]
+        assert_same_answer(replies[rid]["result"], reference.answer(question, context), context)
 
 
 class GatedEngine(Engine):

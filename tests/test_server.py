@@ -20,6 +20,7 @@ from tests.helpers import (
     GatedEngine,
     RawConnection,
     Reference,
+    assert_pipelined_answers,
     header,
     wait_until,
 )
@@ -63,15 +64,7 @@ def test_ping_says_alive_and_ready(server: InferenceServer) -> None:
 
 def test_pipelined_requests_on_one_connection_are_matched_by_id(server: InferenceServer,
                                                                 reference: Reference) -> None:
-    conn = RawConnection(server.address)
-    pairs = {100 + i: (QUESTIONS[i % 6], CONTEXTS[(i * 5) % 6]) for i in range(60)}
-    conn.send_raw(b"".join(encode_frame(qa_request(rid, q, c)) for rid, (q, c) in pairs.items()))
-    replies = conn.recv_replies(len(pairs))
-    conn.close()
-    assert set(replies) == set(pairs)
-    for rid, (question, context) in pairs.items():
-        assert replies[rid]["ok"], replies[rid]
-        assert_same_answer(replies[rid]["result"], reference.answer(question, context), context)
+    assert_pipelined_answers(server.address, reference, first_id=100)
 
 
 def test_many_concurrent_clients_each_get_their_own_answers(server: InferenceServer,

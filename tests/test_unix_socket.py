@@ -28,6 +28,7 @@ from tests.helpers import (
     GatedEngine,
     RawConnection,
     Reference,
+    assert_pipelined_answers,
     assert_same_answer,
     wait_until,
 )
@@ -70,15 +71,7 @@ def open_connections(srv: InferenceServer) -> int:
 def test_pipelined_requests_over_the_unix_socket_get_the_in_process_answers(
         server: InferenceServer, reference: Reference) -> None:
     assert server.unix_address is not None and server.unix_address.startswith("unix:///")
-    conn = RawConnection(server.unix_address)
-    pairs = {7 + i: (QUESTIONS[i % 6], CONTEXTS[(i * 5) % 6]) for i in range(60)}
-    conn.send_raw(b"".join(encode_frame(qa_request(rid, q, c)) for rid, (q, c) in pairs.items()))
-    replies = conn.recv_replies(len(pairs))
-    conn.close()
-    assert set(replies) == set(pairs)
-    for rid, (question, context) in pairs.items():
-        assert replies[rid]["ok"], replies[rid]
-        assert_same_answer(replies[rid]["result"], reference.answer(question, context), context)
+    assert_pipelined_answers(server.unix_address, reference, first_id=7)
 
 
 def test_tcp_and_the_unix_socket_serve_at_once(server: InferenceServer,
