@@ -19,7 +19,7 @@ from engines.base import Engine
 from engines.model_dir import METADATA_FILE, ModelDirError, ModelInfo, load_model_info
 from engines.zero_engine import ZERO_ENGINE_WARNING
 from protocol.errors import BadRequest
-from protocol.messages import ModelRequest
+from protocol.messages import REQUEST_PARSERS, ModelRequest
 from settings.server_config import ServerConfig
 from tasks import task_class
 from telemetry.stats import ServerStats
@@ -123,8 +123,6 @@ class ModelSet:
         if self.config.broker is not None and len(self.models) > 1:
             raise ValueError("--broker serves one qa model; --model_dir holds "
                              f"{len(self.models)} ({', '.join(self.models)})")
-        from protocol.messages import REQUEST_PARSERS
-
         self.task_ops = frozenset(m.op for m in self if m.op not in REQUEST_PARSERS)
 
     def start(self) -> None:
