@@ -8,7 +8,7 @@ Starts a throwaway redis-server (broker/local_server.py), then, in one run:
 (1) Latency at 1 client, for each engine (``zero``: no model, so the hop is all there is; and
     the model's ``onnx``): the in-process server (``server.py``) against a front end
     (``--broker``) with one worker (``--role worker``), same sessions and threads, measured in
-    alternating rounds; p50 difference per round.
+    alternating rounds; p50 difference per round, and its median over the rounds.
 (2) Scaling on the model: a front end with 1, then 2 workers (``--num_inference_sessions 1
     --threads_per_session 1`` each), closed-loop load at ``--clients``, alternating 1, 2, 1, 2;
     requests/s of 2 over 1, and the CPU per request of the front end and of redis-server. Beside
@@ -178,6 +178,7 @@ def report(latency: list[dict[str, Any]], scaling: list[dict[str, Any]],
             pair = {r["layout"]: r for r in latency if r["engine"] == kind and r["round"] == n}
             a, b = pair["in-process"]["p50_ms"], pair["redis"]["p50_ms"]
             lines.append(f"| {kind} | {n} | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
+        lines.append(f"| {kind} | median | | | **{median_difference(latency, kind):+.2f}** |")
     lines += ["", "| round | workers | req/s | p50 ms | front-end CPU/request | redis CPU/"
               "request |", "|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['round']} | {r['workers']} | {r['rps']:.1f} | {r['p50_ms']:.1f} | "
@@ -192,11 +193,20 @@ def report(latency: list[dict[str, Any]], scaling: list[dict[str, Any]],
     return "\n".join(lines)
 
 
+def median_difference(latency: list[dict[str, Any]], kind: str) -> float:
+    """The median over the rounds of (through Redis - in process) p50, ms, for ``kind``."""
+    p50 = {(r["round"], r["layout"]): r["p50_ms"] for r in latency if r["engine"] == kind}
+    rounds = {n for n, _ in p50}
+    return statistics.median(p50[n, "redis"] - p50[n, "in-process"] for n in rounds)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--model_dir", default="saved_models", help="a folder from prepare_model.py")
-    p.add_argument("--rounds", type=int, default=4, help="alternating rounds at 1 client")
-    p.add_argument("--requests", type=int, default=300, help="requests per 1-client round")
+    p.add_argument("--rounds", type=int, default=8, help="alternating rounds at 1 client")
+    p.add_argument("--requests", type=int, default=330,
+                   help="requests per 1-client round (a multiple of the mix's 55 pairs sends "
+                        "the same requests in every round)")
     p.add_argument("--clients", type=int, default=8, help="clients for the scaling rounds")
     p.add_argument("--scaling_requests", type=int, default=400, help="requests per scaling round")
     p.add_argument("--cpu_requests", type=int, default=8000, help="requests for the CPU figures")

@@ -1,5 +1,11 @@
 """A worker's way back: replies to each front end's stream, and the work entries acknowledged
-and deleted, for everything answered since the last send, in one round trip."""
+and deleted, for everything answered since the last send, in one round trip.
+
+A session answers its batch inside ``coalesced_sends()``: the batch's replies are held and, at
+the end of the block, sent by the session's own thread when nothing else is being sent and no
+work waits for the session (one try; the outbox thread retries a failure). That spares the
+wake-up of the outbox thread, about 0.1 ms on an idle machine, on the way back of a lone
+request. Under load, or outside such a block, the outbox thread sends."""
 
 from __future__ import annotations
 
@@ -7,11 +13,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
 from broker.connect import BROKER_ERRORS, GROUP, Keys
 from broker.wire import FIELD
+from transport.coalesce import holding
 
 log = logging.getLogger(__name__)
 
@@ -24,61 +32,118 @@ SEND_TRIES = 20
 RETRY_S = 0.5
 
 
+#: One reply: the work entry it settles, the front end's reply stream (None: nobody to answer,
+#: only settle the entry) and the reply.
+Reply = tuple[bytes, "str | None", "bytes | None"]
+
+
 class ReplyOutbox(threading.Thread):
-    """Collects (entry id, reply stream, reply) from the session threads; one thread sends.
+    """Collects (entry id, reply stream, reply) from the session threads and sends them.
 
     Args:
         client: A Redis client.
         keys: The deployment's keys.
         on_sent: Called with the number of entries settled (sent, or given up) after each send.
+        idle: True when no work waits for a session: only then does a session's thread send
+            its own batch's replies (default: never).
     """
 
-    def __init__(self, client: redis.Redis, keys: Keys, on_sent: Callable[[int], None]) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, on_sent: Callable[[int], None],
+                 idle: Callable[[], bool] = lambda: False) -> None:
         super().__init__(name="broker-outbox", daemon=True)
-        self.client, self.keys, self.on_sent = client, keys, on_sent
-        self._queue: list[tuple[bytes, str | None, bytes | None]] = []
+        self.client, self.keys, self.on_sent, self.idle = client, keys, on_sent, idle
+        self._queue: list[Reply] = []
+        self._held = threading.local()  # each session thread's replies of its batch
         self._cond = threading.Condition()
         self._closed = False
+        self._sending = False  # a bulk is on its way (sent by the outbox thread or a session)
         self.lost = 0  # replies given up after SEND_TRIES
 
     def put(self, entry_id: bytes, reply_to: str | None, reply: bytes | None) -> None:
-        """Queue one reply (any thread; never blocks on Redis). ``reply_to`` None: only
-        acknowledge and delete the entry (nobody to answer)."""
+        """Queue one reply (any thread; never waits on an unreachable Redis). ``reply_to``
+        None: only acknowledge and delete the entry (nobody to answer)."""
+        if holding(self):  # a session's batch: sent when its coalesced_sends() block ends
+            if getattr(self._held, "replies", None) is None:
+                self._held.replies = []
+            self._held.replies.append((entry_id, reply_to, reply))
+            return
+        self._enqueue([(entry_id, reply_to, reply)])
+
+    def flush_held(self) -> None:
+        """Send the replies this thread held (``transport.coalesce.Holder``): at once on this
+        thread when the outbox is idle and no work waits, else through the outbox thread."""
+        bulk, self._held.replies = getattr(self._held, "replies", None) or [], None
+        if not bulk:
+            return
         with self._cond:
-            self._queue.append((entry_id, reply_to, reply))
-            if len(self._queue) == 1:
+            inline = not (self._sending or self._queue or self._closed) and self.idle()
+            if inline:
+                self._sending = True
+        if not inline:
+            self._enqueue(bulk)
+            return
+        sent = False
+        try:
+            sent = self._send_once(bulk) is None
+        finally:
+            with self._cond:
+                self._sending = False
+                self._queue[:0] = [] if sent else bulk  # the outbox thread retries it
                 self._cond.notify()
+        if sent:
+            self.on_sent(len(bulk))
+
+    def _enqueue(self, replies: list[Reply]) -> None:
+        with self._cond:
+            self._queue.extend(replies)
+            self._cond.notify()
 
     def run(self) -> None:
         """Send whatever has gathered, until closed and empty."""
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: bool(self._queue) or self._closed)
+                self._cond.wait_for(lambda: not self._sending and (
+                    bool(self._queue) or self._closed))
                 bulk, self._queue = self._queue, []
-                if not bulk and self._closed:
+                if not bulk:
                     return
-            self._send(bulk)
+                self._sending = True
+            try:
+                self._send(bulk)
+            finally:
+                with self._cond:
+                    self._sending = False
             self.on_sent(len(bulk))
 
-    def _send(self, bulk: list[tuple[bytes, str | None, bytes | None]]) -> None:
+    def _pipeline(self, bulk: list[Reply]) -> Any:
+        """The replies of ``bulk``, and its entries acknowledged and deleted, as one pipeline."""
+        pipe = self.client.pipeline(transaction=False)
+        for _, reply_to, reply in bulk:
+            if reply_to is not None and reply is not None:
+                pipe.xadd(reply_to, {FIELD: reply}, maxlen=REPLY_MAXLEN,
+                          approximate=True, nomkstream=True)
+        ids = [entry_id for entry_id, _, _ in bulk]
+        pipe.xack(self.keys.work, GROUP, *ids)
+        pipe.xdel(self.keys.work, *ids)
+        return pipe
+
+    def _send_once(self, bulk: list[Reply]) -> BaseException | None:
+        """One try at sending ``bulk``: None if sent, else why the broker could not take it."""
+        try:
+            self._pipeline(bulk).execute(raise_on_error=False)  # a front end gone: its stream too
+        except BROKER_ERRORS as exc:
+            return exc
+        return None
+
+    def _send(self, bulk: list[Reply]) -> None:
         for attempt in range(SEND_TRIES):
-            try:
-                pipe = self.client.pipeline(transaction=False)
-                for _, reply_to, reply in bulk:
-                    if reply_to is not None and reply is not None:
-                        pipe.xadd(reply_to, {FIELD: reply}, maxlen=REPLY_MAXLEN,
-                                  approximate=True, nomkstream=True)
-                ids = [entry_id for entry_id, _, _ in bulk]
-                pipe.xack(self.keys.work, GROUP, *ids)
-                pipe.xdel(self.keys.work, *ids)
-                pipe.execute(raise_on_error=False)  # a front end gone: its stream is too
+            if (error := self._send_once(bulk)) is None:
                 return
-            except BROKER_ERRORS as exc:
-                if attempt == 0:
-                    log.warning("cannot send %d replies (%s); retrying", len(bulk), exc)
-                if self._closed and attempt >= 2:
-                    break
-                time.sleep(RETRY_S)
+            if attempt == 0:
+                log.warning("cannot send %d replies (%s); retrying", len(bulk), error)
+            if self._closed and attempt >= 2:
+                break
+            time.sleep(RETRY_S)
         self.lost += len(bulk)
         log.error("gave up sending %d replies; their entries stay pending in the broker",
                   len(bulk))

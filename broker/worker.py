@@ -6,8 +6,9 @@ thread takes entries from the work stream in the workers' consumer group, only a
 sessions' next batches will hold (one per session where batching does not pay, up to
 ``--max_batch_size`` where it does, by the cost model; at most ``2 x --max_batch_size`` held),
 so work a busy worker cannot start yet stays in Redis for idle ones; sessions batch them
-cost-aware as the in-process server does; an outbox thread sends replies, then
-acknowledges and deletes the entries. Entries another worker took and did not settle within
+cost-aware as the in-process server does; replies go back, and the entries are acknowledged
+and deleted, in one round trip per bulk (broker/outbox.py: by an idle session's own thread, else
+by the outbox thread). Entries another worker took and did not settle within
 ``--claim_idle_ms`` (it died) are claimed with XAUTOCLAIM and run again: at-least-once delivery,
 and each front end answers a request once. An entry delivered ``MAX_DELIVERIES`` times (it
 kills workers) is answered ``worker_lost`` instead of being run again.
@@ -103,7 +104,8 @@ class RedisWorker:
                                                                       self.queue)
         self.client = connect(config.broker)
         self._reader = connect(config.broker, block_s=BLOCK_S)
-        self.outbox = ReplyOutbox(self.client, self.keys, self._settled)
+        self.outbox = ReplyOutbox(self.client, self.keys, self._settled,
+                                  idle=lambda: not len(self.queue))
         self.pool: SessionPool | None = None
         self.counts = {"claims": 0, "redeliveries": 0, "expired": 0, "unreadable": 0}
         self._held = 0  # entries taken and not yet settled
