@@ -3,7 +3,8 @@ and deleted, for everything answered since the last send, in one round trip.
 
 A session answers its batch inside ``coalesced_sends()``: the batch's replies are held and, at
 the end of the block, sent by the session's own thread when nothing else is being sent and no
-work waits for the session (one try; the outbox thread retries a failure). That spares the
+work waits for the session (one try, within the client's timeouts; the outbox thread retries a
+failure, so an unreachable Redis never holds a session longer). That spares the
 wake-up of the outbox thread, about 0.1 ms on an idle machine, on the way back of a lone
 request. Under load, or outside such a block, the outbox thread sends."""
 
@@ -34,7 +35,7 @@ RETRY_S = 0.5
 
 #: One reply: the work entry it settles, the front end's reply stream (None: nobody to answer,
 #: only settle the entry) and the reply.
-Reply = tuple[bytes, "str | None", "bytes | None"]
+Reply = tuple[bytes, str | None, bytes | None]
 
 
 class ReplyOutbox(threading.Thread):
