@@ -132,6 +132,21 @@ class HealthyClient(threading.Thread):
                 self.answered += 1
 
 
+def send_and_read_replies(address: Any, stream: bytes) -> list[Any]:
+    """Send ``stream`` on a new connection, half-close it, and read every reply until the server
+    closes (each one parsed: every reply is well formed)."""
+    conn = RawConnection(address)
+    try:
+        conn.send_raw(stream)
+        conn.sock.shutdown(socket.SHUT_WR)
+        replies = []
+        while (reply := conn.recv_message()) is not None:
+            replies.append(parse_reply(reply))
+    finally:
+        conn.close()
+    return replies
+
+
 @pytest.fixture(scope="module")
 def expected(tiny_model_dir: Path) -> list[dict[str, Any]]:
     """The reference answer to each of QUESTIONS about its context."""
@@ -160,15 +175,7 @@ def test_fuzz_live_server_answers_every_decodable_request_exactly_once(
         live: tuple[InferenceServer, HealthyClient], stream: bytes) -> None:
     srv, _ = live
     messages, fatal = decode_all(stream, [stream])
-    conn = RawConnection(srv.address)
-    try:
-        conn.send_raw(stream)
-        conn.sock.shutdown(socket.SHUT_WR)
-        replies = []
-        while (reply := conn.recv_message()) is not None:
-            replies.append(parse_reply(reply))  # every reply is well formed
-    finally:
-        conn.close()
+    replies = send_and_read_replies(srv.address, stream)
     expected_ids = Counter(m["id"] for m in messages if type(m.get("id")) is int)
     got_ids = Counter(r.id for r in replies if r.id is not None)
     if fatal is None:
@@ -244,15 +251,7 @@ def test_fuzz_before_auth_the_first_message_is_refused_and_the_connection_closed
         guarded: tuple[InferenceServer, HealthyClient], stream: bytes) -> None:
     srv, _ = guarded
     messages, fatal = decode_all(stream, [stream])
-    conn = RawConnection(srv.address)
-    try:
-        conn.send_raw(stream)
-        conn.sock.shutdown(socket.SHUT_WR)
-        replies = []
-        while (reply := conn.recv_message()) is not None:
-            replies.append(parse_reply(reply))
-    finally:
-        conn.close()
+    replies = send_and_read_replies(srv.address, stream)
     codes = [(r.id, r.error.code if r.error is not None else "ok") for r in replies]
     if messages:  # the first message is refused, whatever it is, and nothing after it is read
         assert codes == [(None, "unauthorized")]
