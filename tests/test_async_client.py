@@ -81,6 +81,14 @@ def reference(tiny_model_dir: Path) -> Reference:
 
 
 @pytest.fixture()
+def listener() -> Iterator[socket.socket]:
+    """A listening socket on 127.0.0.1 that a test's fake peer accepts from."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    yield sock
+    sock.close()
+
+
+@pytest.fixture()
 def gated(tiny_model_dir: Path) -> Iterator[tuple[InferenceServer, GatedEngine]]:
     """One session, no batching; the engine's gate closed once the server serves."""
     engine = GatedEngine(load_engine("onnx", tiny_model_dir, threads=1))
@@ -219,11 +227,11 @@ def test_cancelled_awaits_leave_the_connection_in_sync_and_their_replies_are_dro
     run(ask())
 
 
-def test_cancelling_while_the_socket_is_full_never_tears_a_frame() -> None:
+def test_cancelling_while_the_socket_is_full_never_tears_a_frame(
+        listener: socket.socket) -> None:
     """A peer that does not read: writes back up past the transport's high-water mark, so the
     awaits sit in drain (or queue for it) when they are cancelled. The peer then reads every
     byte: whole frames, ids in order, and the stream still carries a later request."""
-    listener = socket.create_server(("127.0.0.1", 0))
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
     context = "x" * 200_000
     count = 50  # 10 MB: more than the kernel's socket buffers take
@@ -259,10 +267,7 @@ def test_cancelling_while_the_socket_is_full_never_tears_a_frame() -> None:
         await client.close()
         peer.close()
 
-    try:
-        run(ask())
-    finally:
-        listener.close()
+    run(ask())
 
 
 # -- typed errors ------------------------------------------------------------------------------
@@ -298,8 +303,8 @@ def test_a_request_whose_deadline_passes_in_the_queue_gets_deadline_exceeded(
     run(ask())
 
 
-def test_a_timed_out_await_sends_the_deadline_and_forgets_the_request() -> None:
-    listener = socket.create_server(("127.0.0.1", 0))
+def test_a_timed_out_await_sends_the_deadline_and_forgets_the_request(
+        listener: socket.socket) -> None:
 
     async def ask() -> None:
         client = await AsyncClient.connect(*listener.getsockname()[:2])
@@ -313,15 +318,12 @@ def test_a_timed_out_await_sends_the_deadline_and_forgets_the_request() -> None:
         await client.close()
         peer.close()
 
-    try:
-        run(ask())
-    finally:
-        listener.close()
+    run(ask())
 
 
 # -- lost connections --------------------------------------------------------------------------
-def test_pending_and_later_requests_fail_with_connection_lost_when_the_peer_closes() -> None:
-    listener = socket.create_server(("127.0.0.1", 0))
+def test_pending_and_later_requests_fail_with_connection_lost_when_the_peer_closes(
+        listener: socket.socket) -> None:
 
     async def ask() -> None:
         client = await AsyncClient.connect(*listener.getsockname()[:2])
@@ -335,10 +337,7 @@ def test_pending_and_later_requests_fail_with_connection_lost_when_the_peer_clos
             client.submit("Who?", "Bob.")
         await client.close()
 
-    try:
-        run(ask())
-    finally:
-        listener.close()
+    run(ask())
 
 
 def test_a_server_that_stops_fails_what_it_never_answered_with_connection_lost(
