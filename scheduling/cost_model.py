@@ -4,7 +4,8 @@ Shapes are bucketed: rows to powers of two, padded length to multiples of ``LENG
 bucket keeps its most recent measurements and answers with their lower median, so one outlier (a
 pause, a noisy neighbour, a batch held up elsewhere) cannot swing a decision: noise only ever adds
 time. ``estimate`` interpolates over rows at the nearest measured length and scales by the tokens
-ratio, so a model warmed on a few shapes can rank any candidate batch. Pure Python, thread-safe; it knows nothing of engines or sockets.
+ratio, so a model warmed on a few shapes can rank any candidate batch. Pure Python, thread-safe;
+it knows nothing of engines or sockets.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class CostModel:
         self._samples: dict[tuple[int, int], deque[float]] = {}
         self._seconds: dict[tuple[int, int], float] = {}  # lower median of each bucket's samples
         self._prior: set[tuple[int, int]] = set()  # buckets holding warm-up samples only
+        self._curves: dict[int, list[tuple[int, float]]] = {}  # length: (rows, seconds) by rows
+        self._nearest_length: dict[int, int] = {}  # length asked for: nearest measured length
         # estimates since the last observation: planning one batch asks for the same few
         # shapes over and over (once per waiting request it considers)
         self._estimates: dict[tuple[int, int], float | None] = {}
@@ -58,6 +61,10 @@ class CostModel:
                 samples.clear()
             samples.append(scaled)
             self._seconds[key] = sorted(samples)[(len(samples) - 1) // 2]
+            if key[1] not in self._curves:
+                self._nearest_length.clear()  # a new length may be nearer to some
+            self._curves[key[1]] = sorted((r, seconds) for (r, n), seconds in self._seconds.items()
+                                          if n == key[1])
             self._estimates.clear()
 
     def estimate(self, rows: int, length: int) -> float | None:
@@ -65,17 +72,19 @@ class CostModel:
         key = (rows, length_bucket(length))
         with self._lock:
             if key not in self._estimates:
-                self._estimates[key] = self._nearest(rows, (rows_bucket(rows), key[1]))
+                self._estimates[key] = self._nearest(rows, key[1])
             return self._estimates[key]
 
-    def _nearest(self, rows: int, want: tuple[int, int]) -> float | None:
-        """Interpolate over rows at the nearest measured length, then scale by the length ratio."""
-        if not self._seconds:
+    def _nearest(self, rows: int, want: int) -> float | None:
+        """Interpolate over rows at the nearest measured length (the shorter of two as near),
+        then scale by the length ratio."""
+        if not self._curves:
             return None
-        lengths = {length for _, length in self._seconds}
-        length = min(lengths, key=lambda n: abs(math.log2(n / want[1])))
-        points = sorted((r, s) for (r, n), s in self._seconds.items() if n == length)
-        return _interpolate(points, rows) * want[1] / length
+        length = self._nearest_length.get(want)
+        if length is None:
+            length = min(self._curves, key=lambda n: (abs(math.log2(n / want)), n))
+            self._nearest_length[want] = length
+        return _interpolate(self._curves[length], rows) * want / length
 
     def table(self) -> dict[str, float]:
         """Measured buckets as {"ROWSxLENGTH": milliseconds per batch}, for stats."""

@@ -63,24 +63,59 @@ class BatchPolicy:
 def plan_batch(waiting: Sequence[Waiting], policy: BatchPolicy) -> list:
     """The batch to run now out of ``waiting`` (oldest first, not empty), under ``policy``."""
     oldest = waiting[0]
+    if policy.cap == 1 or (policy.mode == "auto" and policy.cost is None):
+        return [oldest]  # nothing may join it (auto with no cost data batches nothing)
     chosen, rows, length = [oldest], oldest.rows, oldest.length
     others = list(itertools.islice(waiting, 1, policy.lookahead))
     others.sort(key=lambda item: abs(item.length - oldest.length))  # stable: FIFO among equals
+    estimate = _Estimates(policy.cost) if policy.mode == "auto" else None
+    # Whether a request may join depends only on its shape and the batch so far: a shape
+    # refused stays refused until the batch grows, so a long queue is judged once per shape.
+    refused: set[tuple[int, int]] = set()
     for item in others:
         if len(chosen) >= policy.cap:
             break
-        new_rows, new_length = rows + item.rows, max(length, item.length)
-        if policy.max_tokens and new_rows * new_length > policy.max_tokens:
+        shape = (item.rows, item.length)
+        if shape in refused:
             continue
-        if policy.mode == "auto" and not cheaper_together(
-                policy.cost, (rows, length), [(item.rows, item.length)], 0.0):
-            continue  # adding it costs more than running it on its own
+        new_rows, new_length = rows + item.rows, max(length, item.length)
+        if (policy.max_tokens and new_rows * new_length > policy.max_tokens) or (
+                estimate is not None and not estimate.no_dearer(new_rows, new_length,
+                                                                [(rows, length), shape])):
+            refused.add(shape)  # over the token cap, or dearer together than on its own
+            continue
         chosen.append(item)
         rows, length = new_rows, new_length
-    if policy.mode == "auto" and len(chosen) > 1 and not cheaper_together(
-            policy.cost, None, [(i.rows, i.length) for i in chosen], MIN_GAIN):
+        refused.clear()
+    if estimate is not None and len(chosen) > 1 and not estimate.no_dearer(
+            rows, length, [(i.rows, i.length) for i in chosen], MIN_GAIN):
         return [oldest]  # not clearly cheaper than running them one by one
     return chosen
+
+
+class _Estimates:
+    """The cost model's estimates for one plan, each shape asked once (planning one batch asks
+    for the same few shapes over and over)."""
+
+    def __init__(self, cost: CostModel | None) -> None:
+        self.cost = cost
+        self.known: dict[tuple[int, int], float | None] = {}
+
+    def __call__(self, rows: int, length: int) -> float | None:
+        key = (rows, length)
+        if key not in self.known:
+            self.known[key] = self.cost.estimate(rows, length) if self.cost else None
+        return self.known[key]
+
+    def no_dearer(self, rows: int, length: int, apart: list[tuple[int, int]],
+                  gain: float = 0.0) -> bool:
+        """Whether one batch of ``rows`` padded to ``length`` is predicted at least ``gain``
+        cheaper than the shapes ``apart`` run one after another (False without estimates)."""
+        together = self(rows, length)
+        costs = [self(*shape) for shape in apart]
+        if together is None or None in costs:
+            return False
+        return together <= (1 - gain) * sum(costs)  # type: ignore[arg-type]
 
 
 def wait_for_more(policy: BatchPolicy, chosen: Sequence[Waiting], waiting: int, busy: int,
@@ -114,11 +149,6 @@ def cheaper_together(cost: CostModel | None, batch: tuple[int, int] | None,
     ``extra`` requests, each (rows, length), is predicted at least ``gain`` cheaper than running
     the batch and then each extra request on its own. Throughput is what counts: requests of
     different sizes are compared by what they cost, not by their number."""
-    if cost is None:
-        return False
     shapes = ([batch] if batch else []) + extra
-    together = cost.estimate(sum(r for r, _ in shapes), max(n for _, n in shapes))
-    apart = [cost.estimate(r, n) for r, n in shapes]
-    if together is None or None in apart:
-        return False
-    return together <= (1 - gain) * sum(apart)  # type: ignore[arg-type]
+    return _Estimates(cost).no_dearer(sum(r for r, _ in shapes), max(n for _, n in shapes),
+                                      shapes, gain)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from scheduling.cost_model import CostModel
-from scheduling.planner import BatchPolicy, plan_batch, wait_for_more
+from scheduling.planner import MIN_GAIN, BatchPolicy, cheaper_together, plan_batch, wait_for_more
 
 
 @dataclass(eq=False)
@@ -59,3 +62,69 @@ def test_waiting_for_more_only_under_load_and_before_the_delay_runs_out() -> Non
     assert wait_for_more(policy, chosen, 1, busy=0, arrival_rate=1000.0, now=100.002) == 0.0
     assert wait_for_more(policy, chosen, 1, busy=1, arrival_rate=10.0, now=100.002) == 0.0
     assert wait_for_more(policy, chosen, 1, busy=1, arrival_rate=1000.0, now=100.011) == 0.0
+
+
+def one_by_one_plan(waiting: list[Waiting], policy: BatchPolicy) -> list[Waiting]:
+    """The planner's rule, asked of the cost model request by request (no shortcuts)."""
+    oldest = waiting[0]
+    chosen, rows, length = [oldest], oldest.rows, oldest.length
+    others = sorted(waiting[1:policy.lookahead], key=lambda item: abs(item.length - oldest.length))
+    for item in others:
+        if len(chosen) >= policy.cap:
+            break
+        new_rows, new_length = rows + item.rows, max(length, item.length)
+        if policy.max_tokens and new_rows * new_length > policy.max_tokens:
+            continue
+        if policy.mode == "auto" and not cheaper_together(
+                policy.cost, (rows, length), [(item.rows, item.length)], 0.0):
+            continue
+        chosen.append(item)
+        rows, length = new_rows, new_length
+    if policy.mode == "auto" and len(chosen) > 1 and not cheaper_together(
+            policy.cost, None, [(i.rows, i.length) for i in chosen], MIN_GAIN):
+        return [oldest]
+    return chosen
+
+
+LENGTHS = st.sampled_from([64, 100, 128, 384])
+OBSERVATIONS = st.lists(st.tuples(st.sampled_from([1, 2, 4, 8, 16]), LENGTHS,
+                                  st.sampled_from([0.001, 0.0025, 0.0027, 0.004, 0.01])),
+                        min_size=1, max_size=12)
+
+
+@settings(max_examples=500, deadline=None)
+@given(shapes=st.lists(st.tuples(st.integers(1, 3), LENGTHS), min_size=1, max_size=80),
+       observed=OBSERVATIONS, mode=st.sampled_from(["auto", "fixed", "off"]),
+       cap=st.integers(1, 40), max_tokens=st.sampled_from([None, 512, 2048, 8192]),
+       lookahead=st.integers(1, 128))
+def test_plans_match_the_rule_asked_request_by_request(
+        shapes: list[tuple[int, int]], observed: list[tuple[int, int, float]], mode: str,
+        cap: int, max_tokens: int | None, lookahead: int) -> None:
+    cost = CostModel()
+    for rows, length, seconds in observed:
+        cost.observe(rows, length, seconds)
+    waiting = [Waiting(rows, length) for rows, length in shapes]
+    policy = BatchPolicy(mode=mode, max_items=cap, max_tokens=max_tokens, lookahead=lookahead,
+                         cost=cost)
+    assert plan_batch(waiting, policy) == one_by_one_plan(waiting, policy)
+
+
+def test_estimates_follow_the_nearest_measured_length_as_lengths_are_measured() -> None:
+    cost = CostModel()
+    cost.observe(1, 64, 0.010)
+    assert cost.estimate(1, 256) == 0.040  # only 64 measured: scaled by the tokens ratio
+    cost.observe(1, 256, 0.050)
+    assert cost.estimate(1, 256) == 0.050  # now measured itself
+    assert cost.estimate(1, 128) == 0.020  # as near to 64 as to 256 (x2 each way): the shorter
+    cost.observe(1, 512, 0.300)
+    assert cost.estimate(1, 448) == 0.300 * 448 / 512  # nearer to the newly measured length
+    assert cost.estimate(2, 64) == 0.020  # proportional below the first measured row count
+
+
+def test_a_shape_refused_may_join_once_the_batch_has_grown() -> None:
+    cost = CostModel()  # two rows cost more than two runs of one; four cost little more than two
+    for rows, seconds in ((1, 0.0010), (2, 0.0025), (4, 0.0027)):
+        cost.observe(rows, 64, seconds)
+    waiting = [Waiting(1, 64), Waiting(1, 64), Waiting(2, 64), Waiting(1, 64)]
+    policy = BatchPolicy(mode="auto", max_items=8, cost=cost)
+    assert plan_batch(waiting, policy) == [waiting[0], waiting[2], waiting[3]]
