@@ -42,6 +42,22 @@ def test_engine_returns_one_row_of_logits_per_input_row(tiny_model_dir: Path, ki
     assert engine.device == "cpu"  # no GPU on CI: "auto" must fall back cleanly
 
 
+def test_the_zero_engine_draws_fresh_writable_outputs_of_any_size(tiny_model_dir: Path) -> None:
+    from engines.zero_engine import POOL_SIZE
+
+    engine = load_engine("zero", tiny_model_dir)
+    feeds = _feeds(tiny_model_dir)
+    first, second = engine.run(feeds), engine.run(feeds)
+    assert not np.array_equal(first["start_logits"], second["start_logits"])
+    assert not np.array_equal(first["start_logits"], first["end_logits"])
+    kept = second["start_logits"].copy()
+    first["start_logits"][:] = 0.0  # outputs are the caller's: writing one changes no other
+    np.testing.assert_array_equal(second["start_logits"], kept)
+    length = POOL_SIZE // 3 + 1  # three rows of it are more than the pool holds
+    big = engine.run({name: np.ones((3, length), dtype=np.int64) for name in feeds})
+    assert big["start_logits"].shape == (3, length) and np.isfinite(big["start_logits"]).all()
+
+
 def test_onnx_and_pytorch_logits_agree(tiny_model_dir: Path) -> None:
     feeds = _feeds(tiny_model_dir)
     onnx_out = load_engine("onnx", tiny_model_dir, threads=1).run(feeds)
