@@ -104,7 +104,7 @@ class _Estimates:
     def __call__(self, rows: int, length: int) -> float | None:
         key = (rows, length)
         if key not in self.known:
-            self.known[key] = self.cost.estimate(rows, length) if self.cost else None
+            self.known[key] = None if self.cost is None else self.cost.estimate(rows, length)
         return self.known[key]
 
     def no_dearer(self, rows: int, length: int, apart: list[tuple[int, int]],
