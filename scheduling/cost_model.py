@@ -38,8 +38,8 @@ class CostModel:
         self._prior: set[tuple[int, int]] = set()  # buckets holding warm-up samples only
         self._curves: dict[int, list[tuple[int, float]]] = {}  # length: (rows, seconds) by rows
         self._nearest_length: dict[int, int] = {}  # length asked for: nearest measured length
-        # estimates since the last observation: planning one batch asks for the same few
-        # shapes over and over (once per waiting request it considers)
+        # estimates since the last observation: batch after batch, planning (and a broker
+        # worker's pull size) asks for the same few shapes
         self._estimates: dict[tuple[int, int], float | None] = {}
 
     def observe(self, rows: int, length: int, seconds: float, warmup: bool = False) -> None:
