@@ -85,9 +85,10 @@ class ContextWindows:
         Raises:
             BadRequest: As the tokenizer's own windowing would (see ``check_question_room``).
         """
-        question_enc, context_enc = (
-            self._backend.encode(text.lower() if self._lower else text, add_special_tokens=False)
-            for text in (question, context))
+        # one call for both texts, without the GIL (tasks/__init__: the library's pool is off)
+        question_enc, context_enc = self._backend.encode_batch(
+            [question.lower(), context.lower()] if self._lower else [question, context],
+            add_special_tokens=False)
         question_ids, context_ids = question_enc.ids, context_enc.ids
         room = check_question_room(len(question_ids), lambda: len(context_ids),
                                    self._max_seq_len, self._specials, self._stride)

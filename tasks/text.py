@@ -81,7 +81,7 @@ class TextEncoder:
                 raise BadRequest(f"text {index} must be a string, not {type(text).__name__}")
             if not text.strip():
                 raise BadRequest(f"text {index} is empty")
-        encodings = [self._backend.encode(text) for text in texts]
+        encodings = self._backend.encode_batch(list(texts))  # the GIL released (tasks/__init__)
         lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
         shape = (len(encodings), int(lengths.max()))
         ids = np.full(shape, self.pad_id, dtype=np.int64)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -121,3 +124,15 @@ def test_window_bounds_are_the_tokenizers_overflow(tokenizer: QATokenizer, token
                 for w in windows]
     cut = [list(range(start, stop)) for start, stop in window_bounds(tokens, room, stride)]
     assert cut == expected
+
+
+@pytest.mark.parametrize("given_value, expected", [(None, "false"), ("true", "true")])
+def test_the_tokenizers_pool_is_off_unless_the_user_set_it(given_value: str | None,
+                                                           expected: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TOKENIZERS_PARALLELISM"}
+    if given_value is not None:
+        env["TOKENIZERS_PARALLELISM"] = given_value
+    shown = subprocess.run(
+        [sys.executable, "-c", "import os, tasks; print(os.environ['TOKENIZERS_PARALLELISM'])"],
+        env=env, capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    assert shown == expected
