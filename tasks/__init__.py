@@ -8,7 +8,6 @@ task as ``"package.module:ClassName"`` (docs/tasks.md).
 from __future__ import annotations
 
 import importlib
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,12 +15,6 @@ if TYPE_CHECKING:
     from engines.model_dir import ModelInfo
     from settings.server_config import ServerConfig
     from tasks.base import Task
-
-# The tasks encode a request's texts with ``encode_batch``, which releases the GIL, on the
-# caller's thread: other threads (connections, sessions) run while a context is tokenized. The
-# tokenizers library's own thread pool would only add hand-offs to a call this small (two texts
-# cost 30% more CPU through it), so it is off unless the user has set it.
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 #: Task name -> "module:class" of its implementation.
 BUILT_IN_TASKS: dict[str, str] = {"qa": "tasks.qa:QATask", "embed": "tasks.embed:EmbedTask",

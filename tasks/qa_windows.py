@@ -23,6 +23,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from protocol.errors import BadRequest
+from tasks.encoding import encode_texts
 from tasks.qa_features import ContextSpans, QAFeatures, assemble
 from tasks.qa_tokenizer import SPLIT_ONLY_PRE_TOKENIZERS, QATokenizer, made_of
 
@@ -85,8 +86,8 @@ class ContextWindows:
         Raises:
             BadRequest: As the tokenizer's own windowing would (see ``check_question_room``).
         """
-        # one call for both texts, without the GIL (tasks/__init__: the library's pool is off)
-        question_enc, context_enc = self._backend.encode_batch(
+        question_enc, context_enc = encode_texts(
+            self._backend,
             [question.lower(), context.lower()] if self._lower else [question, context],
             add_special_tokens=False)
         question_ids, context_ids = question_enc.ids, context_enc.ids

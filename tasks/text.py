@@ -19,6 +19,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from protocol.errors import BadRequest
+from tasks.encoding import encode_texts
 from tasks.qa_tokenizer import QATokenizer
 from tasks.rows import RowShape, split_rows, stack_rows
 
@@ -81,7 +82,7 @@ class TextEncoder:
                 raise BadRequest(f"text {index} must be a string, not {type(text).__name__}")
             if not text.strip():
                 raise BadRequest(f"text {index} is empty")
-        encodings = self._backend.encode_batch(list(texts))  # the GIL released (tasks/__init__)
+        encodings = encode_texts(self._backend, texts)
         lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
         shape = (len(encodings), int(lengths.max()))
         ids = np.full(shape, self.pad_id, dtype=np.int64)

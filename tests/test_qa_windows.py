@@ -126,6 +126,23 @@ def test_window_bounds_are_the_tokenizers_overflow(tokenizer: QATokenizer, token
     assert cut == expected
 
 
+def test_encodes_are_the_same_with_and_without_the_gil_released() -> None:
+    from tasks.encoding import encode_texts, release_gil
+
+    tokenizer = QATokenizer.from_dir(get_model_path()).backend
+    texts = ["What is the capital?", "Paris is the capital of France. " * 40, "naïve café"]
+    released = encode_texts(tokenizer, texts, add_special_tokens=False)
+    release_gil(False)
+    try:
+        held = encode_texts(tokenizer, texts, add_special_tokens=False)
+    finally:
+        release_gil(True)
+    assert [(e.ids, e.offsets, e.word_ids) for e in released] == \
+        [(e.ids, e.offsets, e.word_ids) for e in held]
+    assert [e.ids for e in held] == [tokenizer.encode(t, add_special_tokens=False).ids
+                                     for t in texts]
+
+
 @pytest.mark.parametrize("given_value, expected", [(None, "false"), ("true", "true")])
 def test_the_tokenizers_pool_is_off_unless_the_user_set_it(given_value: str | None,
                                                            expected: str) -> None:
@@ -133,6 +150,6 @@ def test_the_tokenizers_pool_is_off_unless_the_user_set_it(given_value: str | No
     if given_value is not None:
         env["TOKENIZERS_PARALLELISM"] = given_value
     shown = subprocess.run(
-        [sys.executable, "-c", "import os, tasks; print(os.environ['TOKENIZERS_PARALLELISM'])"],
+        [sys.executable, "-c", "import os, tasks.encoding; print(os.environ['TOKENIZERS_PARALLELISM'])"],
         env=env, capture_output=True, text=True, check=True, timeout=60).stdout.strip()
     assert shown == expected

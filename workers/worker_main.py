@@ -33,6 +33,7 @@ from typing import Any
 from engines.model_dir import load_model_info
 from protocol.errors import InternalError, ServerError
 from settings.server_config import ServerConfig
+from tasks.encoding import release_gil
 from telemetry.stats import ServerStats
 from workers.local import LocalBackend
 
@@ -104,6 +105,7 @@ def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
     logging.basicConfig(level=log_level, format=(
         f"%(asctime)s %(levelname)s worker-{index} %(threadName)s %(name)s: %(message)s"))
     stats = ServerStats()
+    release_gil(False)  # one thread tokenizes here: releasing would only add hand-offs
     try:
         info = load_model_info(config.model_dir)
         # its queue holds whatever the front end may hand it: admission was the front end's
