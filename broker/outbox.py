@@ -89,7 +89,8 @@ class ReplyOutbox(threading.Thread):
         finally:
             with self._cond:
                 self._sending = False
-                self._queue[:0] = [] if sent else bulk  # the outbox thread retries it
+                if not sent:
+                    self._queue[:0] = bulk  # the outbox thread retries it, first
                 self._cond.notify()
         if sent:
             self.on_sent(len(bulk))
