@@ -36,9 +36,12 @@ class OnnxEngine(Engine):
         intra_op_threads: Threads inside one operator; 0 lets ONNX Runtime choose (all cores).
         inter_op_threads: Threads across independent operators.
         lone_threads: On the CPU, more threads than ``intra_op_threads`` for a batch that has
-            the machine to itself: a second session with that many threads (not spinning) runs
-            a batch whenever ``crowded()`` is false, so a lone request gets every core while a
-            loaded server keeps its cores shared out. The model is held twice.
+            the machine to itself: a second session with that many threads runs a batch
+            whenever ``crowded()`` is false, so a lone request gets every core while a loaded
+            server keeps its cores shared out. The model is held twice. Its threads spin
+            between operators while a batch runs (a sleeping thread's wake-up at every operator
+            cost about 1.5 ms of MiniLM's 18) and stop the moment the batch ends, so they burn
+            nothing between requests (docs/benchmarks.md).
         crowded: Whether other work competes for the cores now (other sessions running, or
             requests waiting); default: always, i.e. never the lone session.
         precision: "fp16" runs the folder's ``model_fp16.onnx`` (prepare_model.py --fp16);
@@ -61,7 +64,8 @@ class OnnxEngine(Engine):
         self.lone_session: ort.InferenceSession | None = None
         if active == CPU_PROVIDER and lone_threads > intra_op_threads > 0 and crowded is not None:
             options = _options(lone_threads, inter_op_threads)
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+            options.add_session_config_entry("session.force_spinning_stop", "1")
             self.lone_session = ort.InferenceSession(str(path), options, providers=[CPU_PROVIDER])
         self.crowded = crowded or (lambda: True)
         self.lone_threads = lone_threads if self.lone_session is not None else 0

@@ -171,6 +171,10 @@ def test_a_lone_batch_gets_every_core_and_a_crowded_one_its_share(tiny_model_dir
     assert engine.lone_runs == 1  # with company it kept to its own thread
     for name in alone:  # the same model either way
         np.testing.assert_allclose(alone[name], shared[name], atol=1e-5)
+    # the lone session's threads spin while a batch runs and stop as it ends
+    lone = engine.lone_session.get_session_options()
+    assert [lone.get_session_config_entry(key) for key in (
+        "session.intra_op.allow_spinning", "session.force_spinning_stop")] == ["1", "1"]
 
 
 def test_only_engines_that_share_the_cores_get_a_lone_layout() -> None:
