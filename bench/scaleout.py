@@ -7,8 +7,9 @@ Starts a throwaway redis-server (broker/local_server.py), then, in one run:
 
 (1) Latency at 1 client, for each engine (``zero``: no model, so the hop is all there is; and
     the model's ``onnx``): the in-process server (``server.py``) against a front end
-    (``--broker``) with one worker (``--role worker``), same sessions and threads, measured in
-    alternating rounds; p50 difference per round, and its median over the rounds.
+    (``--broker``) with one worker (``--role worker``), same sessions and threads, ``--sets``
+    independent copies of each; one client alternates between the layouts request by request;
+    the p50 of each layout per set and over all sets, and their difference.
 (2) Scaling on the model: a front end with 1, then 2 workers (``--num_inference_sessions 1
     --threads_per_session 1`` each), closed-loop load at ``--clients``, alternating 1, 2, 1, 2;
     requests/s of 2 over 1, and the CPU per request of the front end and of redis-server. Beside
@@ -47,6 +48,7 @@ from bench.bench import (  # noqa: E402
 from bench.frontend import process_tree_cpu_s  # noqa: E402
 from broker.local_server import RedisServer  # noqa: E402
 from client import Client  # noqa: E402
+from protocol.errors import ServerError  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
 from stress_test import load_pairs, run_closed_loop  # noqa: E402
 
@@ -84,30 +86,58 @@ def wait_workers(port: int, count: int, timeout: float = 60) -> None:
             time.sleep(0.2)
 
 
-def one_client_rounds(kind: str, model_dir: str, url: str, pairs: list[tuple[str, str]],
-                      rounds: int, requests: int, flags: list[str]) -> list[dict[str, Any]]:
-    """p50 at 1 client, in-process against front end + 1 worker, alternating per round."""
-    direct, direct_port = start_server(kind, model_dir, 2, flags)
-    front, front_port = start_server(kind, model_dir, 2, ["--broker", url, *flags])
-    worker = start_worker(url, model_dir, kind, flags)
-    rows = []
+def one_client_latency(kind: str, model_dir: str, url: str, pairs: list[tuple[str, str]],
+                       requests: int, sets: int, flags: list[str]) -> list[dict[str, Any]]:
+    """Latency at 1 client, in-process against front end + 1 worker, request by request.
+
+    ``sets`` independent copies of each layout (set ``i``: an in-process server, and a front
+    end with a worker of its own under key prefix ``bench-i``). In each set one client sends
+    the mix's requests to both layouts in turn, which one first alternating, ``requests`` to
+    each: a burst of noise from a neighbour on the machine then falls on both layouts alike,
+    where it fell on one of them in round-by-round runs. Several sets, because two identical
+    processes here differ by about 1 ms of p50 (each process's engine runs at its own speed).
+    """
+    direct, fronts, workers = [], [], []
     try:
-        wait_workers(front_port, 1)
-        for n in range(rounds):
-            order = [("in-process", direct_port), ("redis", front_port)]
-            for layout, port in order if n % 2 == 0 else order[::-1]:
-                result = run_closed_loop("127.0.0.1", port, clients=1,
-                                         requests_per_client=requests, pairs=pairs, warmup=8,
-                                         progress=False)
-                rows.append({"engine": kind, "round": n + 1, "layout": layout,
-                             "p50_ms": result["p50_ms"], "p99_ms": result["p99_ms"],
-                             "rps": result["throughput_rps"], "errors": result["errors"]})
-                print(f"  {kind} round {n + 1} {layout:>10}: p50 {result['p50_ms']:.2f} ms, "
-                      f"p99 {result['p99_ms']:.2f} ms, errors {result['errors'] or 0}",
-                      flush=True)
+        for n in range(sets):
+            prefix = ["--broker_prefix", f"bench-{n}"]
+            direct.append(start_server(kind, model_dir, 2, flags))
+            fronts.append(start_server(kind, model_dir, 2, ["--broker", url, *prefix, *flags]))
+            workers.append(start_worker(url, model_dir, kind, [*prefix, *flags]))
+        for _, port in fronts:
+            wait_workers(port, 1)
+        return [_interleaved(kind, index + 1, direct[index][1], fronts[index][1], pairs, requests)
+                for index in range(sets)]
     finally:
-        stop_servers(direct, front, worker)
-    return rows
+        stop_servers(*(proc for proc, _ in direct + fronts), *workers)
+
+
+def _interleaved(kind: str, index: int, direct_port: int, front_port: int,
+                 pairs: list[tuple[str, str]], requests: int) -> dict[str, Any]:
+    """One set: ``requests`` to each layout, alternating request by request."""
+    ms: dict[str, list[float]] = {"in-process": [], "redis": []}
+    errors = 0
+    with Client("127.0.0.1", direct_port) as direct, Client("127.0.0.1", front_port) as front:
+        for question, context in pairs[:8]:  # warm-up, not counted
+            direct.answer(question, context, timeout=120)
+            front.answer(question, context, timeout=120)
+        for n in range(requests):
+            question, context = pairs[n % len(pairs)]
+            order = [("in-process", direct), ("redis", front)]
+            for layout, client in order if n % 2 == 0 else order[::-1]:
+                started = time.perf_counter()
+                try:
+                    client.answer(question, context, timeout=120)
+                except ServerError:
+                    errors += 1
+                    continue
+                ms[layout].append(1000 * (time.perf_counter() - started))
+    row = {"engine": kind, "set": index, "errors": errors, "ms": ms,
+           **{f"{layout}_p50_ms": statistics.median(values) if values else float("nan")
+              for layout, values in ms.items()}}
+    print(f"  {kind} set {index}: in-process p50 {row['in-process_p50_ms']:.2f} ms, through "
+          f"Redis {row['redis_p50_ms']:.2f} ms, errors {errors}", flush=True)
+    return row
 
 
 def scaling_rounds(model_dir: str, redis_server: RedisServer, pairs: list[tuple[str, str]],
@@ -171,14 +201,18 @@ def cpu_per_request(model_dir: str, redis_server: RedisServer, pairs: list[tuple
 def report(latency: list[dict[str, Any]], scaling: list[dict[str, Any]],
            raw: list[dict[str, Any]], cpu: dict[str, Any]) -> str:
     """Markdown tables of one run."""
-    lines = ["| engine | round | in-process p50 ms | through Redis p50 ms | difference ms |",
-             "|---|---:|---:|---:|---:|"]
+    lines = ["| engine | set | in-process p50 ms | through Redis p50 ms | difference ms |",
+             "|---|---|---:|---:|---:|"]
     for kind in dict.fromkeys(r["engine"] for r in latency):
-        for n in sorted({r["round"] for r in latency if r["engine"] == kind}):
-            pair = {r["layout"]: r for r in latency if r["engine"] == kind and r["round"] == n}
-            a, b = pair["in-process"]["p50_ms"], pair["redis"]["p50_ms"]
-            lines.append(f"| {kind} | {n} | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
-        lines.append(f"| {kind} | median | | | **{median_difference(latency, kind):+.2f}** |")
+        rows = [r for r in latency if r["engine"] == kind]
+        for r in rows:
+            lines.append(f"| {kind} | {r['set']} | {r['in-process_p50_ms']:.2f} | "
+                         f"{r['redis_p50_ms']:.2f} | "
+                         f"{r['redis_p50_ms'] - r['in-process_p50_ms']:+.2f} |")
+        direct, redis = (statistics.median(v for r in rows for v in r["ms"][layout])
+                         for layout in ("in-process", "redis"))
+        lines.append(f"| {kind} | all, pooled | {direct:.2f} | {redis:.2f} | "
+                     f"**{median_difference(latency, kind):+.2f}** |")
     lines += ["", "| round | workers | req/s | p50 ms | front-end CPU/request | redis CPU/"
               "request |", "|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['round']} | {r['workers']} | {r['rps']:.1f} | {r['p50_ms']:.1f} | "
@@ -194,19 +228,21 @@ def report(latency: list[dict[str, Any]], scaling: list[dict[str, Any]],
 
 
 def median_difference(latency: list[dict[str, Any]], kind: str) -> float:
-    """The median over the rounds of (through Redis - in process) p50, ms, for ``kind``."""
-    p50 = {(r["round"], r["layout"]): r["p50_ms"] for r in latency if r["engine"] == kind}
-    rounds = {n for n, _ in p50}
-    return statistics.median(p50[n, "redis"] - p50[n, "in-process"] for n in rounds)
+    """p50 through Redis minus p50 in process, ms, for ``kind``, every set's requests pooled."""
+    rows = [r for r in latency if r["engine"] == kind]
+    direct, redis = (statistics.median(v for r in rows for v in r["ms"][layout])
+                     for layout in ("in-process", "redis"))
+    return redis - direct
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--model_dir", default="saved_models", help="a folder from prepare_model.py")
-    p.add_argument("--rounds", type=int, default=8, help="alternating rounds at 1 client")
-    p.add_argument("--requests", type=int, default=330,
-                   help="requests per 1-client round (a multiple of the mix's 55 pairs sends "
-                        "the same requests in every round)")
+    p.add_argument("--sets", type=int, default=4, help="independent copies of each layout "
+                   "for the 1-client latency")
+    p.add_argument("--requests", type=int, default=165,
+                   help="1-client requests to each layout of each set (the mix's pairs in "
+                        "turn; a multiple of its 55 sends each pair equally often)")
     p.add_argument("--clients", type=int, default=8, help="clients for the scaling rounds")
     p.add_argument("--scaling_requests", type=int, default=400, help="requests per scaling round")
     p.add_argument("--cpu_requests", type=int, default=8000, help="requests for the CPU figures")
@@ -219,7 +255,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.quick:
-        args.rounds, args.requests, args.scaling_requests, args.cpu_requests = 2, 30, 40, 256
+        args.sets, args.requests = 2, 30
+        args.scaling_requests, args.cpu_requests = 40, 256
     pairs = load_pairs(args.data)
     with tempfile.TemporaryDirectory() as folder:
         redis_server = RedisServer(Path(folder))
@@ -227,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             latency = []
             for kind in ("zero", "onnx"):
-                latency += one_client_rounds(kind, args.model_dir, redis_server.url, pairs,
-                                             args.rounds, args.requests, [])
+                latency += one_client_latency(kind, args.model_dir, redis_server.url, pairs,
+                                              args.requests, args.sets, [])
             scaling = scaling_rounds(args.model_dir, redis_server, pairs, args.clients,
                                      args.scaling_requests)
             cpu = cpu_per_request(args.model_dir, redis_server, pairs, args.cpu_requests)
