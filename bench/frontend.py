@@ -6,11 +6,18 @@
 A real server.py process serves the real QA task (real sockets, tokenizer and answer decoding)
 with the zero-cost engine (``--inference_engine_type zero``: random logits at once), so all it
 spends is its own work. Pipelined connections from client processes drive it to saturation for
-``--seconds``. The figure that counts is the server's CPU time (user + system, of its process
+``--seconds``: by default the lean generator of bench/pipeload.py, which leaves the server
+about 110 µs per request more of the two cores it shares with it than stress_test.py's clients
+(``--load client``) do; that is about 10% more requests/s for 2 workers, whose processes
+use both cores, and nothing for one process, which its GIL holds back first. The figure that counts is the server's CPU time (user + system, of its process
 and any children, read from /proc) divided by the requests it answered, because it does not
-depend on how much CPU the load generator takes from the same machine. In the same run, the
+depend on how much CPU the load generator takes from the same machine. Beside each server, the
 floor: CPU per pair of the ``tokenizers`` library alone (one thread, the server's windowing) on
-the same mix. docs/benchmarks.md records the results.
+the same mix, measured just before it, so that each figure is divided by a floor taken at the
+same host speed (this shared machine's speed drifts by a quarter from one hour to the next).
+``--rounds`` repeats the layouts in alternating order; the summary gives the median multiple of
+the floor per layout, and the median over the rounds of each round's requests/s ratio.
+docs/benchmarks.md records the results.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench import machine, start_server, stop_servers  # noqa: E402
+from bench.pipeload import run_pipelined  # noqa: E402
 from client import Client  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
 from stress_test import load_pairs, run_closed_loop  # noqa: E402
@@ -89,34 +98,83 @@ def measure_server(model_dir: str, pairs: list[tuple[str, str]], args: argparse.
     proc, port = start_server("zero", model_dir, sessions, ["--workers", str(workers)])
     try:
         with Client("127.0.0.1", port) as control:
+            for question, context in pairs[:16]:  # warm-up, before the count starts
+                control.answer(question, context, timeout=60)
             requests_before, cpu_before = answered(control), process_tree_cpu_s(proc.pid)
-            run = run_closed_loop("127.0.0.1", port, clients=args.connections,
-                                  requests_per_client=10**7, pairs=pairs, pipeline=args.pipeline,
-                                  processes=args.processes, warmup=50, progress=False,
-                                  budget_s=args.seconds)
+            run = drive(port, pairs, args)
             cpu = process_tree_cpu_s(proc.pid) - cpu_before
             requests = answered(control) - requests_before
     finally:
         stop_servers(proc)
     return {"workers": workers, "sessions": sessions, "connections": args.connections,
-            "pipeline": args.pipeline, "requests": requests, "server_cpu_s": cpu,
+            "pipeline": args.pipeline, "load": args.load, "requests": requests,
+            "server_cpu_s": cpu,
             "cpu_us_per_request": 1e6 * cpu / max(1, requests),
             "throughput_rps": run["throughput_rps"], "errors": run["errors"],
             "p50_ms": run["p50_ms"]}
 
 
-def report(floor_us: float, rows: list[dict[str, Any]]) -> str:
-    """The results as a table, each CPU figure also as a multiple of the floor."""
-    lines = [f"tokenizer floor (tokenizers alone, 1 thread): {floor_us:8.1f} us CPU per pair",
-             "layout                                    requests/s   server CPU/request   x floor"
-             "   errors"]
+def drive(port: int, pairs: list[tuple[str, str]], args: argparse.Namespace) -> dict[str, Any]:
+    """``--seconds`` of pipelined load: the lean generator (bench/pipeload.py), or with
+    ``--load client`` stress_test.py's clients."""
+    if args.load == "lean":
+        return run_pipelined("127.0.0.1", port, pairs, connections=args.connections,
+                             pipeline=args.pipeline, processes=args.processes,
+                             seconds=args.seconds)
+    return run_closed_loop("127.0.0.1", port, clients=args.connections, requests_per_client=10**7,
+                           pairs=pairs, pipeline=args.pipeline, processes=args.processes,
+                           warmup=50, progress=False, budget_s=args.seconds)
+
+
+def report(rows: list[dict[str, Any]]) -> str:
+    """The results as a table, each CPU figure also as a multiple of the floor taken beside it;
+    then the median multiple per layout and the requests/s ratios of each round."""
+    lines = ["round  layout                                    requests/s   server CPU/request"
+             "      floor   x floor   errors"]
     for row in rows:
         layout = (f"{row['workers']} worker{'s' if row['workers'] > 1 else ''}, "
-                  f"{row['sessions']} session(s) each, {row['connections']}x{row['pipeline']} pipelined")
-        lines.append(f"{layout:<41} {row['throughput_rps']:10.1f}   "
-                     f"{row['cpu_us_per_request']:14.1f} us   {row['cpu_us_per_request'] / floor_us:7.2f}"
-                     f"   {row['errors'] or 'none'}")
+                  f"{row['sessions']} session(s) each, {row['connections']}x{row['pipeline']} "
+                  "pipelined")
+        lines.append(f"{row['round']:>5}  {layout:<41} {row['throughput_rps']:10.1f}   "
+                     f"{row['cpu_us_per_request']:14.1f} us {row['floor_us']:7.1f} us"
+                     f"   {row['x_floor']:7.2f}   {row['errors'] or 'none'}")
+    for workers in dict.fromkeys(row["workers"] for row in rows):
+        multiples = [row["x_floor"] for row in rows if row["workers"] == workers]
+        lines.append(f"{workers} worker(s): median {statistics.median(multiples):.2f}x the floor "
+                     f"({', '.join(f'{m:.2f}' for m in multiples)})")
+    scaling = scaling_ratios(rows)
+    for workers, ratios in scaling.items():
+        lines.append(f"scaling: {workers} workers {statistics.median(ratios):.2f}x the "
+                     f"requests/s of {rows[0]['workers']} (median; rounds: "
+                     f"{', '.join(f'{r:.2f}' for r in ratios)})")
     return "\n".join(lines)
+
+
+def scaling_ratios(rows: list[dict[str, Any]]) -> dict[int, list[float]]:
+    """Per worker count after the first: each round's requests/s over the first count's."""
+    base = rows[0]["workers"]
+    first = {row["round"]: row["throughput_rps"] for row in rows if row["workers"] == base}
+    ratios: dict[int, list[float]] = {}
+    for row in rows:
+        if row["workers"] != base:
+            ratios.setdefault(row["workers"], []).append(row["throughput_rps"]
+                                                          / first[row["round"]])
+    return ratios
+
+
+def measure_rounds(args: argparse.Namespace, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Every layout in each round (in alternating order), each beside a floor of its own."""
+    rows = []
+    for n in range(args.rounds):
+        for workers in args.workers if n % 2 == 0 else args.workers[::-1]:
+            floor = tokenizer_floor_us(args.model_dir, pairs, min_seconds=args.floor_seconds)
+            row = measure_server(args.model_dir, pairs, args, workers)
+            row.update({"round": n + 1, "floor_us": floor,
+                        "x_floor": row["cpu_us_per_request"] / floor})
+            print(f"  round {n + 1}, {workers} worker(s): {row['throughput_rps']:.0f} "
+                  f"requests/s, {row['x_floor']:.2f}x the floor", flush=True)
+            rows.append(row)
+    return rows
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -133,6 +191,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--connections", type=int, default=8, help="client connections")
     p.add_argument("--pipeline", type=int, default=16, help="requests in flight per connection")
     p.add_argument("--processes", type=int, default=2, help="load-generator processes")
+    p.add_argument("--load", choices=("lean", "client"), default="lean", help="the load "
+                   "generator: lean (bench/pipeload.py, a few tens of µs of CPU per request) or "
+                   "client (stress_test.py's clients, about 160 µs), on the same cores as the "
+                   "server")
+    p.add_argument("--rounds", type=int, default=1, help="times to measure every layout, in "
+                   "alternating order")
+    p.add_argument("--floor_seconds", type=float, default=2.0, help="CPU seconds of each "
+                   "tokenizer floor")
     p.add_argument("--json", help="write every figure to this file")
     return p.parse_args(argv)
 
@@ -143,15 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     pairs = load_pairs(args.data)
     info = machine()
     print(f"machine: {info}", flush=True)
-    floor = tokenizer_floor_us(args.model_dir, pairs)
-    rows = [measure_server(args.model_dir, pairs, args, workers) for workers in args.workers]
-    print(report(floor, rows), flush=True)
-    if len(rows) > 1:
-        base = rows[0]["throughput_rps"]
-        print("scaling: " + ", ".join(f"{row['workers']} workers {row['throughput_rps'] / base:.2f}x"
-                                      for row in rows[1:]) + f" the requests/s of "
-              f"{rows[0]['workers']}", flush=True)
+    rows = measure_rounds(args, pairs)
+    print(report(rows), flush=True)
     if args.json:
+        floor = statistics.median(row["floor_us"] for row in rows)
         Path(args.json).write_text(json.dumps({"machine": info, "argv": sys.argv[1:],
                                                "tokenizer_floor_us": floor, "server": rows},
                                               indent=2) + "\n", encoding="utf-8")

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.frontend import process_tree_cpu_s, tokenizer_floor_us
+from bench.frontend import process_tree_cpu_s, scaling_ratios, tokenizer_floor_us
 from stress_test import load_pairs
 from tests.helpers import wait_until
 
@@ -40,14 +40,26 @@ def test_the_benchmark_saturates_zero_engine_servers_and_reports_cpu_per_request
     out = tmp_path / "frontend.json"
     done = subprocess.run(
         [sys.executable, "bench/frontend.py", "--model_dir", str(tiny_model_dir), "--seconds",
-         "1", "--connections", "2", "--pipeline", "4", "--processes", "1", "--json", str(out)],
+         "1", "--connections", "2", "--pipeline", "4", "--processes", "1", "--rounds", "2",
+         "--floor_seconds", "0.2", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "x floor" in done.stdout
     result = json.loads(out.read_text())
-    assert [row["workers"] for row in result["server"]] == [1, 2]  # in-process, then 2 workers
+    # in-process, then 2 workers; the second round the other way round
+    assert [(row["round"], row["workers"]) for row in result["server"]] == [
+        (1, 1), (1, 2), (2, 2), (2, 1)]
     assert result["tokenizer_floor_us"] > 0
     for row in result["server"]:
         assert row["errors"] in ({}, None)
-        assert row["requests"] > 0 and row["cpu_us_per_request"] > 0
-    assert "scaling: 2 workers" in done.stdout
+        assert row["requests"] > 0 and row["cpu_us_per_request"] > 0 and row["floor_us"] > 0
+        assert row["x_floor"] == row["cpu_us_per_request"] / row["floor_us"]
+    assert "scaling: 2 workers" in done.stdout and "median" in done.stdout
+
+
+def test_scaling_ratios_pair_each_round_with_its_own_base() -> None:
+    rows = [{"round": 1, "workers": 1, "throughput_rps": 100.0},
+            {"round": 1, "workers": 2, "throughput_rps": 180.0},
+            {"round": 2, "workers": 2, "throughput_rps": 150.0},
+            {"round": 2, "workers": 1, "throughput_rps": 50.0}]
+    assert scaling_ratios(rows) == {2: [1.8, 3.0]}
