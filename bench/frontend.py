@@ -7,11 +7,12 @@ A real server.py process serves the real QA task (real sockets, tokenizer and an
 with the zero-cost engine (``--inference_engine_type zero``: random logits at once), so all it
 spends is its own work. Pipelined connections from client processes drive it to saturation for
 ``--seconds``: by default the lean generator of bench/pipeload.py, which leaves the server
-about 110 µs per request more of the two cores it shares with it than stress_test.py's clients
-(``--load client``) do; that is about 10% more requests/s for 2 workers, whose processes
-use both cores, and nothing for one process, which its GIL holds back first. The figure that counts is the server's CPU time (user + system, of its process
-and any children, read from /proc) divided by the requests it answered, because it does not
-depend on how much CPU the load generator takes from the same machine. Beside each server, the
+about 100 µs per request more of the two cores they share than stress_test.py's clients
+(``--load client``) do; that is about 10% more requests/s for 2 workers, whose processes use
+both cores, and nothing for one process, which its GIL holds back first. The figure that
+counts is the server's CPU time (user + system, of its process and any children, read from
+/proc) divided by the requests it answered, because it does not depend on how much CPU the
+load generator takes from the same machine. Beside each server, the
 floor: CPU per pair of the ``tokenizers`` library alone (one thread, the server's windowing) on
 the same mix, measured just before it, so that each figure is divided by a floor taken at the
 same host speed (this shared machine's speed drifts by a quarter from one hour to the next).

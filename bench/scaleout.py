@@ -209,10 +209,9 @@ def report(latency: list[dict[str, Any]], scaling: list[dict[str, Any]],
             lines.append(f"| {kind} | {r['set']} | {r['in-process_p50_ms']:.2f} | "
                          f"{r['redis_p50_ms']:.2f} | "
                          f"{r['redis_p50_ms'] - r['in-process_p50_ms']:+.2f} |")
-        direct, redis = (statistics.median(v for r in rows for v in r["ms"][layout])
-                         for layout in ("in-process", "redis"))
+        direct, redis = pooled_p50s(rows)
         lines.append(f"| {kind} | all, pooled | {direct:.2f} | {redis:.2f} | "
-                     f"**{median_difference(latency, kind):+.2f}** |")
+                     f"**{redis - direct:+.2f}** |")
     lines += ["", "| round | workers | req/s | p50 ms | front-end CPU/request | redis CPU/"
               "request |", "|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['round']} | {r['workers']} | {r['rps']:.1f} | {r['p50_ms']:.1f} | "
@@ -227,12 +226,11 @@ def report(latency: list[dict[str, Any]], scaling: list[dict[str, Any]],
     return "\n".join(lines)
 
 
-def median_difference(latency: list[dict[str, Any]], kind: str) -> float:
-    """p50 through Redis minus p50 in process, ms, for ``kind``, every set's requests pooled."""
-    rows = [r for r in latency if r["engine"] == kind]
+def pooled_p50s(rows: list[dict[str, Any]]) -> tuple[float, float]:
+    """p50 in process and through Redis, ms, over every request of ``rows`` (sets pooled)."""
     direct, redis = (statistics.median(v for r in rows for v in r["ms"][layout])
                      for layout in ("in-process", "redis"))
-    return redis - direct
+    return direct, redis
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
