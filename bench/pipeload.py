@@ -32,8 +32,10 @@ DRAIN_S = 30.0
 
 
 def run_pipelined(host: str, port: int, pairs: Sequence[tuple[str, str]], *, connections: int,
-                  pipeline: int, processes: int, seconds: float) -> dict[str, Any]:
-    """Drive the server for ``seconds`` from ``processes`` processes sharing ``connections``.
+                  pipeline: int, processes: int, seconds: float,
+                  drain_s: float = DRAIN_S) -> dict[str, Any]:
+    """Drive the server for ``seconds`` from ``processes`` processes sharing ``connections``;
+    replies still owed ``drain_s`` after that are counted as ``timeout`` errors.
 
     Returns:
         ``{"requests": answered, "ok": successes, "errors": {code: n}, "wall_s",
@@ -47,7 +49,8 @@ def run_pipelined(host: str, port: int, pairs: Sequence[tuple[str, str]], *, con
     go, results = ctx.Event(), ctx.Queue()
     shares = [connections // processes + (i < connections % processes) for i in range(processes)]
     workers = [ctx.Process(target=_drive, args=(host, port, list(pairs), share, pipeline,
-                                                seconds, i, go, results), daemon=True)
+                                                seconds, drain_s, i, go, results),
+                           daemon=True)
                for i, share in enumerate(shares) if share]
     for worker in workers:
         worker.start()
@@ -58,7 +61,7 @@ def run_pipelined(host: str, port: int, pairs: Sequence[tuple[str, str]], *, con
         if failed:
             raise RuntimeError(f"load process failed: {failed[0]}")
         go.set()  # all at once
-        outcomes = [results.get(timeout=seconds + DRAIN_S + 60) for _ in workers]
+        outcomes = [results.get(timeout=seconds + drain_s + 60) for _ in workers]
     finally:
         for worker in workers:
             worker.join(timeout=0 if failed else 10)
@@ -76,7 +79,7 @@ def run_pipelined(host: str, port: int, pairs: Sequence[tuple[str, str]], *, con
 
 
 def _drive(host: str, port: int, pairs: list[tuple[str, str]], connections: int, pipeline: int,
-           seconds: float, index: int, go: Any, results: Any) -> None:
+           seconds: float, drain_s: float, index: int, go: Any, results: Any) -> None:
     """One load process: open its connections (then report "" or why it could not), wait for
     ``go``, drive them, report the counts and the CPU it spent driving them."""
     try:
@@ -90,7 +93,7 @@ def _drive(host: str, port: int, pairs: list[tuple[str, str]], connections: int,
     go.wait()
     cpu = time.process_time()
     try:
-        outcome.update(load.run(seconds))
+        outcome.update(load.run(seconds, drain_s))
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises
         outcome["failed"] = f"{type(exc).__name__}: {exc}"
     outcome["cpu_s"] = time.process_time() - cpu
@@ -114,10 +117,11 @@ class _Load:
             self.owed[sock], self.decoders[sock] = 0, FrameDecoder()
             self.selector.register(sock, selectors.EVENT_READ)
 
-    def run(self, seconds: float) -> dict[str, Any]:
-        """Send until ``seconds`` have passed, then collect what is owed; the counts."""
+    def run(self, seconds: float, drain_s: float) -> dict[str, Any]:
+        """Send until ``seconds`` have passed, then collect what is owed for up to ``drain_s``;
+        the counts."""
         started = time.perf_counter()
-        stop_sending, give_up = started + seconds, started + seconds + DRAIN_S
+        stop_sending, give_up = started + seconds, started + seconds + drain_s
         for sock in self.owed:
             self._send(sock, self.pipeline)
         last = started
@@ -128,6 +132,9 @@ class _Load:
                     last = time.perf_counter()
                     if last < stop_sending:
                         self._send(key.fileobj, replies)  # type: ignore[arg-type]
+        missing = sum(self.owed.values())  # replies still owed after drain_s
+        if missing:
+            self.errors["timeout"] += missing
         for sock in self.owed:
             sock.close()
         return {"ok": self.ok, "errors": dict(self.errors), "wall_s": last - started}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,3 +57,23 @@ def test_a_server_that_cannot_be_reached_fails_the_run_with_the_reason() -> None
     with pytest.raises(RuntimeError, match="could not connect"):
         run_pipelined("127.0.0.1", port, PAIRS, connections=2, pipeline=1, processes=2,
                       seconds=0.2)
+
+
+def test_replies_still_owed_after_the_drain_are_counted_as_timeouts() -> None:
+    with socket.socket() as listener:  # takes every request, answers none
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        held: list[socket.socket] = []
+
+        def accept() -> None:
+            for _ in range(2):
+                held.append(listener.accept()[0])
+
+        acceptor = threading.Thread(target=accept, daemon=True)
+        acceptor.start()
+        run = run_pipelined(*listener.getsockname(), PAIRS, connections=2, pipeline=3,
+                            processes=1, seconds=0.2, drain_s=0.5)
+        acceptor.join(5)
+        for sock in held:
+            sock.close()
+    assert run["ok"] == 0 and run["errors"] == {"timeout": 6}
