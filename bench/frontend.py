@@ -124,7 +124,7 @@ def drive(port: int, pairs: list[tuple[str, str]], args: argparse.Namespace) -> 
                              seconds=args.seconds)
     return run_closed_loop("127.0.0.1", port, clients=args.connections, requests_per_client=10**7,
                            pairs=pairs, pipeline=args.pipeline, processes=args.processes,
-                           warmup=50, progress=False, budget_s=args.seconds)
+                           progress=False, budget_s=args.seconds)  # measure_server warmed it
 
 
 def report(rows: list[dict[str, Any]]) -> str:
@@ -194,7 +194,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--processes", type=int, default=2, help="load-generator processes")
     p.add_argument("--load", choices=("lean", "client"), default="lean", help="the load "
                    "generator: lean (bench/pipeload.py, a few tens of µs of CPU per request) or "
-                   "client (stress_test.py's clients, about 160 µs), on the same cores as the "
+                   "client (stress_test.py's clients, about 150 µs), on the same cores as the "
                    "server")
     p.add_argument("--rounds", type=int, default=1, help="times to measure every layout, in "
                    "alternating order")

@@ -5,7 +5,7 @@ as little of the machine's CPU as a client can spend.
 
 On a 2-core machine the load generator shares the cores with the server it measures, so
 whatever CPU it spends per request is taken from the server: stress_test.py's clients
-(``client.Client``: a Future, a reader thread and callbacks per request) spend about 160 µs per
+(``client.Client``: a Future, a reader thread and callbacks per request) spend about 150 µs per
 request, where this spends a few tens. Each process holds its connections in one thread and
 one selector. Each connection keeps ``pipeline`` ``qa`` requests in flight: every reply read
 sends one more, all of a read's in one write, until ``seconds`` have passed; then it waits for
