@@ -108,13 +108,13 @@ def raw_rows(args: argparse.Namespace, pairs: list[tuple[str, str]]) -> list[dic
     return rows
 
 
-def layouts(gpus: int) -> dict[str, list[str]]:
-    """Server layouts: one worker; and one worker per GPU where there are several."""
-    found = {"1 worker": ["--workers", "1"]}
-    if gpus > 1:
-        found[f"{gpus} workers"] = ["--workers", str(gpus), "--cuda_devices",
-                                    ",".join(map(str, range(gpus)))]
-    return found
+def layouts(gpus: int, workers: list[int] | None = None) -> dict[str, list[str]]:
+    """Server layouts: ``workers`` processes each (default: one; and one per GPU where there
+    are several), spread over every GPU round-robin where there are several."""
+    counts = workers or sorted({1, gpus} - {0})
+    spread = ["--cuda_devices", ",".join(map(str, range(gpus)))] if gpus > 1 else []
+    return {f"{n} worker{'s' if n > 1 else ''}": ["--workers", str(n), *(spread if n > 1 else [])]
+            for n in counts}
 
 
 def server_rows(args: argparse.Namespace, pairs: list[tuple[str, str]],
@@ -122,8 +122,8 @@ def server_rows(args: argparse.Namespace, pairs: list[tuple[str, str]],
     """Every engine x layout x batching mode, at every client count."""
     rows = []
     for kind in args.engines:
-        for layout, flags in layouts(sampler.gpus).items():
-            for mode in ("auto", "off"):
+        for layout, flags in layouts(sampler.gpus, args.workers).items():
+            for mode in args.modes:
                 extra = ["--device", args.device, "--precision", args.server_precision,
                          "--batching", mode, *flags, *args.server_args.split()]
                 proc, port = start_server(kind, args.model_dir, args.sessions, extra)
@@ -170,6 +170,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--raw_pairs", type=int, default=None,
                    help="pairs per raw batch size, at least (default 256; 8 for a dry run)")
     p.add_argument("--sessions", type=int, default=2, help="server --num_inference_sessions")
+    p.add_argument("--workers", default=None,
+                   help="server layouts as --workers counts, e.g. 1,2 (default: 1, and one per "
+                        "GPU where there are several)")
+    p.add_argument("--modes", default="auto,off", help="server --batching modes")
     p.add_argument("--server_args", default="--length_buckets 64,128,256,384",
                    help="more server.py flags, space-separated (length buckets: few shapes for "
                         "TensorRT)")
@@ -180,8 +184,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     dry = args.device == "cpu"
     args.seconds = args.seconds if args.seconds is not None else (1.0 if dry else 8.0)
     args.raw_pairs = args.raw_pairs if args.raw_pairs is not None else (8 if dry else 256)
-    for name in ("engines", "precisions"):
+    for name in ("engines", "precisions", "modes"):
         setattr(args, name, getattr(args, name).split(","))
+    args.workers = [int(x) for x in args.workers.split(",")] if args.workers else None
     args.batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
     return args

@@ -60,9 +60,25 @@ def _target(engine: str, name: str, value: float | None, goal: float) -> dict[st
             "met": None if value is None else value >= goal}
 
 
+def layouts_table(server: list[dict[str, Any]]) -> str:
+    """Each engine's peak requests/s per layout (batching auto), against one worker's."""
+    lines = ["| engine | layout | peak req/s | / 1 worker |", "|---|---|---:|---:|"]
+    for engine in dict.fromkeys(r["engine"] for r in server):
+        peaks = {}
+        for r in server:
+            if r["engine"] == engine and r["batching"] == "auto":
+                peaks[r["layout"]] = max(peaks.get(r["layout"], 0.0), r["throughput_rps"])
+        one = peaks.get("1 worker")
+        for layout, peak in peaks.items():
+            ratio = f"{peak / one:.2f}" if one else "-"
+            lines.append(f"| {engine} | {layout} | {peak:.1f} | {ratio} |")
+    return "\n".join(lines)
+
+
 def targets_table(raw: list[dict[str, Any]], server: list[dict[str, Any]]) -> str:
-    """The server table, then the targets with what was measured."""
-    lines = [server_table(raw, server), "", "| engine | target | measured | goal | met |",
+    """The server table, the layouts' peaks, then the targets with what was measured."""
+    lines = [server_table(raw, server), "", layouts_table(server), "",
+             "| engine | target | measured | goal | met |",
              "|---|---|---:|---:|---|"]
     for t in targets(raw, server):
         value = "not measured" if t["value"] is None else f"{t['value']:.2f}"

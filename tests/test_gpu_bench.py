@@ -42,3 +42,19 @@ def test_the_gpu_benchmark_dry_run_measures_and_reports_everything(tiny_model_di
         assert f"| onnx | {target} | " in done.stdout
     assert "| onnx | GPU utilisation at saturation, % | not measured |" in done.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_layouts_spread_workers_over_every_gpu_and_report_against_one() -> None:
+    from bench.gpu import layouts
+    from bench.gpu_report import layouts_table
+
+    assert layouts(0) == {"1 worker": ["--workers", "1"]}
+    assert layouts(2) == {"1 worker": ["--workers", "1"],
+                          "2 workers": ["--workers", "2", "--cuda_devices", "0,1"]}
+    assert layouts(1, [1, 2]) == {"1 worker": ["--workers", "1"], "2 workers": ["--workers", "2"]}
+    rows = [{"engine": "onnx", "batching": b, "layout": lay, "throughput_rps": rps}
+            for b, lay, rps in [("auto", "1 worker", 100.0), ("auto", "1 worker", 150.0),
+                                ("auto", "2 workers", 270.0), ("off", "2 workers", 900.0)]]
+    table = layouts_table(rows)
+    assert "| onnx | 1 worker | 150.0 | 1.00 |" in table
+    assert "| onnx | 2 workers | 270.0 | 1.80 |" in table
