@@ -128,12 +128,19 @@ def subprocess_drain(proc: Any) -> None:
     threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
 
 
-def stop_servers(*procs: Any) -> None:
-    """SIGTERM every server (or worker) process, then wait for each to drain and exit."""
+def stop_servers(*procs: Any, timeout_s: float = 60) -> None:
+    """SIGTERM every server (or worker) process, then wait for each to drain and exit; one
+    still running after ``timeout_s`` is killed, and that is said (a graceful stop that hangs)."""
     for proc in procs:
         proc.send_signal(signal.SIGTERM)
     for proc in procs:
-        proc.wait(timeout=120)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            print(f"  server pid {proc.pid} still running {timeout_s:.0f} s after SIGTERM: "
+                  f"killed", flush=True)
+            proc.kill()
+            proc.wait()
 
 
 def raw_runs(targets: list[Target], mixes: dict[str, list[Item]], kinds: list[str],
