@@ -32,6 +32,7 @@ from engines.base import Engine
 from engines.devices import check_cuda_devices
 from protocol.errors import BadRequest, TooManyConnections
 from protocol.messages import ModelsRequest, PingRequest, Request, StatsRequest
+from scheduling.waits import wait_until_set
 from settings.server_config import ServerConfig, parse_args
 from telemetry.report import collect_stats
 from telemetry.stats import ServerStats
@@ -355,18 +356,6 @@ class InferenceServer:
         self.shutdown()
 
 
-#: How often the main thread wakes to run a signal's handler. Python runs handlers only in the
-#: main thread, and the kernel may hand a process's signal to any of its threads (on a GPU, often
-#: a CUDA or ONNX Runtime thread): that does not wake a main thread blocked in an untimed wait.
-SIGNAL_POLL_S = 0.2
-
-
-def wait_for(stop: threading.Event) -> None:
-    """Block until ``stop`` is set, waking every ``SIGNAL_POLL_S`` so signal handlers run."""
-    while not stop.wait(SIGNAL_POLL_S):
-        pass
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run until SIGINT/SIGTERM; a second signal exits at once. Returns the exit status."""
     config = parse_args(__doc__, argv)
@@ -392,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot start: %s", exc if isinstance(exc, BindError) else
                   f"{type(exc).__name__}: {exc}")
         return 2
-    wait_for(stop)
+    wait_until_set(stop)
     return 0 if server.shutdown() else 1
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from engines.base import Engine
 from scheduling.session import InferenceSession
+from scheduling.waits import wait_until_set
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class SessionPool:
         for session in self.sessions:
             session.start()
         for session in self.sessions:
-            session.ready.wait()
+            wait_until_set(session.ready)  # the main thread: signals must still be handled
         failed = [s for s in self.sessions if s.load_error is not None]
         if failed:
             error = failed[0].load_error

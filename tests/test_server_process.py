@@ -210,3 +210,33 @@ def test_sigterm_taken_by_another_thread_still_stops_the_server(tiny_model_dir: 
         proc.kill()
     reader.join(10)
     assert "SIGTERM: stopping" in "".join(lines)
+
+
+def test_sigterm_to_another_thread_while_workers_load_stops_the_server(
+        tiny_model_dir: Path) -> None:
+    # The main thread waits for the workers to load; a signal another thread takes is handled
+    # then, and the server stops cleanly once loaded (a GPU's start-up, with TensorRT, can take
+    # minutes). tests/test_waits.py shows the wait itself lets the handler run.
+    proc = subprocess.Popen([sys.executable, "server.py", "--port", "0", "--model_dir",
+                             str(tiny_model_dir), "--workers", "2"], cwd=ROOT,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stderr is not None
+    lines: list[str] = []
+    try:
+        while not any("accepting once loaded" in line for line in lines):
+            line = proc.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        others = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid)
+        assert others, "the front end runs more than its main thread while workers load"
+        _signal_one_thread(proc.pid, others[0], signal.SIGTERM)
+        reader = drain_log(proc, lines)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    reader.join(10)
+    log = "".join(lines)
+    assert "SIGTERM: stopping" in log
+    # handled while loading, not once serving
+    assert "serving on" not in log.split("SIGTERM: stopping")[0], log

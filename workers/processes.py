@@ -28,6 +28,7 @@ from protocol.errors import ShuttingDown, WorkerLost, error_for_code
 from protocol.messages import ModelRequest
 from scheduling.pool import BACKOFF_S
 from scheduling.queue import DeadlineReaper, Responder, WorkItem, WorkQueue
+from scheduling.waits import wait_until_set
 from settings.server_config import ServerConfig
 from telemetry.stats import ServerStats
 from transport.coalesce import coalesced_sends
@@ -85,7 +86,7 @@ class ProcessBackend:
         for handle in self.handles:
             self._spawn(handle)
         for handle in self.handles:
-            handle.loaded.wait()
+            wait_until_set(handle.loaded)  # the main thread: signals must still be handled
         with self._cond:  # one that loaded may have died while the others were loading
             failed = next((h for h in self.handles if h.load_error is not None
                            or h.state != "serving"), None)
