@@ -8,9 +8,10 @@
     the request mix at batches 1-64, tokenization and decoding included (bench/bench.py's
     ``raw_ceiling``); an fp16 the model folder or device cannot run is skipped, and said.
 (2) The server: a real server.py per engine, batching mode (auto, off) and layout (1 worker;
-    one worker per GPU where there are several), with length buckets, closed-loop load at 1, 8,
-    32, 64 and 256 clients for ``--seconds`` each, with GPU utilisation, memory and power
-    sampled through NVML during each level.
+    one worker per GPU where there are several; ``--workers 1,2,4`` for others), with length
+    buckets, closed-loop load at 1, 8, 32, 64 and 256 clients for ``--seconds`` each (``--load
+    pipelined``: as many lean connections, ``--pipeline`` requests in flight each), with GPU
+    utilisation, memory and power sampled through NVML during each level.
 It prints the tables and the targets (server / best raw batch, auto / off at 64 clients, GPU
 utilisation at saturation, fp16 / fp32 raw), and writes every figure as JSON and a PNG plot.
 ``--device cpu`` is a dry run: the same steps on the CPU, with small counts.
@@ -30,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench import machine, raw_ceiling, raw_table, start_server, stop_servers  # noqa: E402
 from bench.gpu_report import plot, targets_table  # noqa: E402
+from bench.pipeload import run_pipelined  # noqa: E402
 from client import Client  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
 from stress_test import load_pairs, run_closed_loop  # noqa: E402
@@ -142,16 +144,31 @@ def _level(kind: str, layout: str, mode: str, port: int, clients: int,
            pairs: list[tuple[str, str]], args: argparse.Namespace,
            sampler: NvmlSampler) -> dict[str, Any]:
     with sampler:
-        result = run_closed_loop("127.0.0.1", port, clients=clients, requests_per_client=10**7,
-                                 pairs=pairs, warmup=4, progress=False, budget_s=args.seconds)
+        result = _load(port, clients, pairs, args)
     row = {"engine": kind, "layout": layout, "batching": mode, "concurrency": clients,
-           **sampler.summary(),
+           "load": args.load, **sampler.summary(),
            **{k: result[k] for k in ("throughput_rps", "p50_ms", "p99_ms", "errors", "ok")}}
     gpu = f", GPU {row['gpu_util_pct']:.0f}%" if "gpu_util_pct" in row else ""
+    p50 = f"{row['p50_ms']:7.1f} ms" if row["p50_ms"] is not None else "      - ms"
     print(f"  server {kind} {layout} batching={mode} c={clients:>3}: "
-          f"{row['throughput_rps']:8.1f} req/s, p50 {row['p50_ms']:7.1f} ms{gpu}, "
+          f"{row['throughput_rps']:8.1f} req/s, p50 {p50}{gpu}, "
           f"errors {row['errors'] or 0}", flush=True)
     return row
+
+
+def _load(port: int, clients: int, pairs: list[tuple[str, str]],
+          args: argparse.Namespace) -> dict[str, Any]:
+    """One level of load: ``clients`` closed-loop stress_test.py clients, or (``--load
+    pipelined``) as many lean connections with ``--pipeline`` requests in flight each."""
+    if args.load == "closed":
+        return run_closed_loop("127.0.0.1", port, clients=clients, requests_per_client=10**7,
+                               pairs=pairs, warmup=4, progress=False, budget_s=args.seconds)
+    processes = max(1, min(4, clients))
+    run_pipelined("127.0.0.1", port, pairs, connections=clients, pipeline=args.pipeline,
+                  processes=processes, seconds=min(2.0, args.seconds))  # warm-up
+    result = run_pipelined("127.0.0.1", port, pairs, connections=clients,
+                           pipeline=args.pipeline, processes=processes, seconds=args.seconds)
+    return {**result, "p99_ms": None, "errors": sum(result["errors"].values())}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -174,6 +191,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="server layouts as --workers counts, e.g. 1,2 (default: 1, and one per "
                         "GPU where there are several)")
     p.add_argument("--modes", default="auto,off", help="server --batching modes")
+    p.add_argument("--load", choices=("closed", "pipelined"), default="closed",
+                   help="closed: stress_test.py clients, one request each in flight; "
+                        "pipelined: bench/pipeload.py's lean connections, --pipeline each "
+                        "(no latency figures), for the server's ceiling")
+    p.add_argument("--pipeline", type=int, default=16,
+                   help="requests in flight per connection with --load pipelined")
     p.add_argument("--server_args", default="--length_buckets 64,128,256,384",
                    help="more server.py flags, space-separated (length buckets: few shapes for "
                         "TensorRT)")

@@ -25,9 +25,11 @@ def server_table(raw: list[dict[str, Any]], server: list[dict[str, Any]]) -> str
         ratio = f"{row['throughput_rps'] / best:.2f}" if best else "-"
         gpu = (f"{row['gpu_util_pct']:.0f}% | {row['gpu_memory_mib']:.0f} | "
                f"{row['gpu_power_w']:.0f}") if "gpu_util_pct" in row else "- | - | -"
+        latency = " | ".join("-" if row[k] is None else f"{row[k]:.1f}"
+                             for k in ("p50_ms", "p99_ms"))
         lines.append(f"| {row['engine']} | {row['layout']} | {row['batching']} | "
                      f"{row['concurrency']} | {row['throughput_rps']:.1f} | {ratio} | "
-                     f"{row['p50_ms']:.1f} | {row['p99_ms']:.1f} | {gpu} |")
+                     f"{latency} | {gpu} |")
     return "\n".join(lines)
 
 

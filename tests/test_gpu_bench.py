@@ -58,3 +58,20 @@ def test_layouts_spread_workers_over_every_gpu_and_report_against_one() -> None:
     table = layouts_table(rows)
     assert "| onnx | 1 worker | 150.0 | 1.00 |" in table
     assert "| onnx | 2 workers | 270.0 | 1.80 |" in table
+
+
+def test_the_pipelined_load_runs_every_layout_without_latency_figures(tiny_model_dir: Path,
+                                                                       tmp_path: Path) -> None:
+    out, png = tmp_path / "gpu.json", tmp_path / "gpu.png"
+    done = subprocess.run(
+        [sys.executable, "bench/gpu.py", "--model_dir", str(tiny_model_dir), "--device", "cpu",
+         "--engines", "onnx", "--precisions", "fp32", "--batch_sizes", "1", "--modes", "auto",
+         "--workers", "1,2", "--load", "pipelined", "--pipeline", "4", "--concurrency", "3",
+         "--seconds", "0.5", "--sessions", "1", "--json", str(out), "--plot", str(png)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    server = json.loads(out.read_text())["server"]
+    assert [(r["layout"], r["load"], r["concurrency"]) for r in server] == \
+        [("1 worker", "pipelined", 3), ("2 workers", "pipelined", 3)]
+    assert all(r["ok"] > 0 and r["errors"] == 0 and r["p50_ms"] is None for r in server)
+    assert "| onnx | 2 workers | auto | 3 | " in done.stdout and " | - | - | " in done.stdout
