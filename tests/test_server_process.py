@@ -223,6 +223,7 @@ def test_sigterm_to_another_thread_while_workers_load_stops_the_server(
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.stderr is not None
     lines: list[str] = []
+    reader: threading.Thread | None = None
     try:
         while not any("accepting once loaded" in line for line in lines):
             line = proc.stderr.readline()
@@ -235,7 +236,8 @@ def test_sigterm_to_another_thread_while_workers_load_stops_the_server(
         assert proc.wait(timeout=60) == 0
     finally:
         proc.kill()
-    reader.join(10)
+    if reader is not None:
+        reader.join(10)
     log = "".join(lines)
     assert "SIGTERM: stopping" in log
     # handled while loading, not once serving
