@@ -23,11 +23,16 @@ from transport import BindError, bind_socket
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start_server(*args: str) -> tuple[subprocess.Popen[str], tuple[str, int], list[str]]:
-    """Start server.py on a free port; return the process, its address and its log so far."""
-    proc = subprocess.Popen([sys.executable, "server.py", "--port", "0", *args], cwd=ROOT,
+def spawn_server(*args: str) -> subprocess.Popen[str]:
+    """server.py on a free port, its log on a pipe; not waited for."""
+    return subprocess.Popen([sys.executable, "server.py", "--port", "0", *args], cwd=ROOT,
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def start_server(*args: str) -> tuple[subprocess.Popen[str], tuple[str, int], list[str]]:
+    """Start server.py on a free port; return the process, its address and its log so far."""
+    proc = spawn_server(*args)
     assert proc.stderr is not None
     lines: list[str] = []
     deadline = time.monotonic() + 120
@@ -180,16 +185,19 @@ def test_a_second_signal_while_draining_exits_at_once(tiny_model_dir: Path) -> N
 SYS_TGKILL = {"x86_64": 234, "aarch64": 131}
 
 
-def _signal_one_thread(pid: int, tid: int, signum: int) -> None:
-    """tgkill(2): the signal to one thread of the process, as the kernel may choose itself."""
+def _signal_another_thread(pid: int, signum: int) -> None:
+    """tgkill(2): the signal to the process's oldest thread after the main one (one that lives
+    as long as the server: a session's, an engine's), as the kernel may choose itself."""
     import ctypes
     import platform
 
     number = SYS_TGKILL.get(platform.machine())
     if number is None:
         pytest.skip(f"no tgkill number known for {platform.machine()}")
+    others = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    assert others, "the server runs more than its main thread"
     libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.syscall(number, pid, tid, signum) == 0, os.strerror(ctypes.get_errno())
+    assert libc.syscall(number, pid, others[0], signum) == 0, os.strerror(ctypes.get_errno())
 
 
 def test_sigterm_taken_by_another_thread_still_stops_the_server(tiny_model_dir: Path) -> None:
@@ -201,10 +209,7 @@ def test_sigterm_taken_by_another_thread_still_stops_the_server(tiny_model_dir: 
     try:
         with Client(*address) as client:
             assert client.answer(QUESTIONS[0], CONTEXTS[0], timeout=30)
-        # the oldest threads after the main one live as long as the server (sessions, engines)
-        others = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid)
-        assert others, "the server runs more than its main thread"
-        _signal_one_thread(proc.pid, others[0], signal.SIGTERM)
+        _signal_another_thread(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     finally:
         proc.kill()
@@ -217,10 +222,7 @@ def test_sigterm_to_another_thread_while_workers_load_stops_the_server(
     # The main thread waits for the workers to load; a signal another thread takes is handled
     # then, and the server stops cleanly once loaded (a GPU's start-up, with TensorRT, can take
     # minutes). tests/test_waits.py shows the wait itself lets the handler run.
-    proc = subprocess.Popen([sys.executable, "server.py", "--port", "0", "--model_dir",
-                             str(tiny_model_dir), "--workers", "2"], cwd=ROOT,
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = spawn_server("--model_dir", str(tiny_model_dir), "--workers", "2")
     assert proc.stderr is not None
     lines: list[str] = []
     reader: threading.Thread | None = None
@@ -229,9 +231,7 @@ def test_sigterm_to_another_thread_while_workers_load_stops_the_server(
             line = proc.stderr.readline()
             assert line, "".join(lines)
             lines.append(line)
-        others = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid)
-        assert others, "the front end runs more than its main thread while workers load"
-        _signal_one_thread(proc.pid, others[0], signal.SIGTERM)
+        _signal_another_thread(proc.pid, signal.SIGTERM)
         reader = drain_log(proc, lines)
         assert proc.wait(timeout=60) == 0
     finally:
