@@ -152,10 +152,12 @@ def raw_runs(targets: list[Target], mixes: dict[str, list[Item]], kinds: list[st
     for target in targets:
         for kind in kinds:
             raw += raw_ceiling(kind, target.folder, mixes[target.name], sizes, args.raw_pairs,
-                               threads, model=target.name)
+                               threads, device=args.device, precision=args.precision,
+                               model=target.name)
             if args.sessions > 1:
                 raw.append(raw_parallel(kind, target.folder, mixes[target.name], args.sessions,
-                                        args.raw_pairs, model=target.name))
+                                        args.raw_pairs, model=target.name, device=args.device,
+                                        precision=args.precision))
     return raw
 
 
@@ -347,10 +349,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--server_requests", type=int, default=256, help="requests per concurrency")
     p.add_argument("--raw_threads", type=int, default=0, help="engine threads (0: all cores)")
     p.add_argument("--server_args", default="", help="extra server.py flags, space-separated")
+    p.add_argument("--device", default="auto", help="the raw engines' and servers' --device "
+                   "(auto, cpu, cuda, cuda:N)")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"),
+                   help="the raw engines' and servers' --precision")
     p.add_argument("--data", default=None, help="request mix (default: bench/data/qa_pairs.jsonl)")
     p.add_argument("--json", default="bench/results/latest.json", help="where to write figures")
     p.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
     return p.parse_args(argv)
+
+
+def server_flags(args: argparse.Namespace) -> list[str]:
+    """The servers' extra flags: ``--server_args``, then the device and precision the raw
+    engines ran (unless left at their defaults)."""
+    flags = args.server_args.split()
+    if args.device != "auto":
+        flags += ["--device", args.device]
+    if args.precision != "fp32":
+        flags += ["--precision", args.precision]
+    return flags
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -376,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = args.batching.split(",")
     server = [row for kind in kinds for row in
               server_runs(kind, targets, mixes, levels, args.sessions, args.server_requests,
-                          args.server_args.split(), modes, best)]
+                          server_flags(args), modes, best)]
     order = [t.name for t in targets]
     server.sort(key=lambda r: (order.index(r["model"]), kinds.index(r["engine"]),
                                modes.index(r["batching"]), r["concurrency"]))

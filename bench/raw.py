@@ -94,22 +94,24 @@ def raw_ceiling(kind: str, model_dir: str | Path, items: Sequence[Item], batch_s
         started = time.perf_counter()
         latencies = run_batches(task, engine, requests, size, batches, offset=size)
         elapsed = time.perf_counter() - started
-        layout = f"1 engine x {threads or 'auto'} thread(s)" + \
-            (f", {precision}" if precision != "fp32" else "")
+        layout = f"1 engine x {threads or 'auto'} thread(s)" + _precision_note(engine)
         rows.append(raw_row(kind, layout, size, batches * size, elapsed, latencies, label))
     return rows
 
 
 def raw_parallel(kind: str, model_dir: str | Path, items: Sequence[Item], engines: int,
-                 min_pairs: int, model: str | None = None) -> dict[str, Any]:
+                 min_pairs: int, model: str | None = None, device: str = "auto",
+                 precision: str = "fp32") -> dict[str, Any]:
     """Requests/s of ``engines`` engines called directly from as many threads, batch 1, cores
-    shared out as the server does: the ceiling for the server's own session layout."""
+    shared out as the server does: the ceiling for the server's own session layout
+    (``device`` and ``precision`` as for ``engines.load_engine``)."""
     from engines import load_engine
 
     task = load_raw_task(model_dir)
     requests = task_requests(task, items)
     threads = max(1, (os.cpu_count() or 1) // engines)
-    loaded = [load_engine(kind, model_dir, threads=threads) for _ in range(engines)]
+    loaded = [load_engine(kind, model_dir, threads=threads, device=device, precision=precision)
+              for _ in range(engines)]
     per_engine = -(-min_pairs // engines)
     latencies: list[list[float]] = [[] for _ in loaded]
     for engine in loaded:
@@ -127,8 +129,16 @@ def raw_parallel(kind: str, model_dir: str | Path, items: Sequence[Item], engine
         w.join()
     elapsed = time.perf_counter() - started
     label = {"model": model or Path(model_dir).resolve().name, "task": task.name}
-    return raw_row(kind, f"{engines} engines x {threads} thread(s), parallel", 1,
-                   per_engine * engines, elapsed, sum(latencies, []), label)
+    return raw_row(kind, f"{engines} engines x {threads} thread(s), parallel"
+                   + _precision_note(loaded[0]), 1, per_engine * engines, elapsed,
+                   sum(latencies, []), label)
+
+
+def _precision_note(engine: Any) -> str:
+    """", fp16" (or bf16) where the engine runs a precision other than fp32: what it really
+    runs, which may be fp32 where the asked one is not available."""
+    precision = getattr(engine, "precision", "fp32")
+    return "" if precision == "fp32" else f", {precision}"
 
 
 def raw_row(kind: str, layout: str, size: int, pairs: int, elapsed: float,

@@ -94,3 +94,19 @@ def test_pytorch_runs_bf16_on_the_cpu(tiny_model_dir: Path) -> None:
     assert not np.array_equal(half["start_logits"], exact["start_logits"])
     engine.close()
     full.close()
+
+
+def test_the_benchmark_names_the_precision_each_raw_engine_ran(fp16_dir: Path,
+                                                              tiny_model_dir: Path) -> None:
+    from bench.bench import parse_args, server_flags
+    from bench.mix import load_mix
+    from bench.raw import raw_ceiling, raw_parallel
+
+    pairs = load_mix("qa", None, 1)[:4]
+    half = raw_ceiling("onnx", fp16_dir, pairs, [1], 2, 1, device="cpu", precision="fp16")
+    lacking = raw_parallel("onnx", tiny_model_dir, pairs, 2, 2, device="cpu", precision="fp16")
+    assert half[0]["layout"].endswith(", fp16")  # the fp16 model ran
+    assert "fp16" not in lacking["layout"]  # no fp16 export there: fp32 ran, and says so
+    args = parse_args(["--device", "cuda:1", "--precision", "fp16", "--server_args", "--workers 2"])
+    assert server_flags(args) == ["--workers", "2", "--device", "cuda:1", "--precision", "fp16"]
+    assert server_flags(parse_args([])) == []
