@@ -3,7 +3,6 @@ its task needs them (engines/task_models.py) and returns the outputs serving.jso
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Mapping
@@ -86,40 +85,20 @@ class TorchEngine(Engine):
         self._config = model.config
         self.model = TaskOutputs(model, info.task, list(self.input_names)).eval().to(
             self.torch_device, dtype=_DTYPES[self.precision])
-        # On CUDA each engine (one per session) issues its work on a stream of its own, so that
-        # one session's copy back to the host waits for its own kernels only, not for the
-        # other sessions' queued on CUDA's shared default stream.
-        self._stream = (torch.cuda.Stream(self.torch_device)
-                        if self.torch_device.type == "cuda" else None)
-
-    def _on_stream(self) -> contextlib.AbstractContextManager[object]:
-        """This engine's CUDA stream as the current one (nothing on the CPU)."""
-        if self._stream is None:
-            return contextlib.nullcontext()
-        return torch.cuda.stream(self._stream)
 
     @torch.inference_mode()
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one batch; see :meth:`Engine.run`."""
-        with self._on_stream():
-            tensors = {
-                name: torch.from_numpy(np.ascontiguousarray(feeds[name], dtype=np.int64)).to(
-                    self.torch_device, non_blocking=True)
-                for name in self.input_names
-            }
-            values = self.model.named(tensors)
-            outputs = self._to_host(values)
+        tensors = {
+            name: torch.from_numpy(np.ascontiguousarray(feeds[name], dtype=np.int64)).to(
+                self.torch_device, non_blocking=True)
+            for name in self.input_names
+        }
+        values = self.model.named(tensors)
+        outputs = {name: value.float().cpu().numpy()
+                   for name, value in zip(self.output_names, values, strict=True)}
         check_outputs(tensors, outputs)
         return outputs
-
-    def _to_host(self, values: tuple[torch.Tensor, ...]) -> dict[str, np.ndarray]:
-        """The outputs as float32 host arrays; outputs of one shape (a QA model's start and end
-        logits) in one copy, so that on CUDA the session waits for its stream once."""
-        if len(values) > 1 and all(value.shape == values[0].shape for value in values):
-            host = torch.stack(values).float().cpu().numpy()
-            return dict(zip(self.output_names, host, strict=True))
-        return {name: value.float().cpu().numpy()
-                for name, value in zip(self.output_names, values, strict=True)}
 
     def describe(self) -> str:
         """Engine, device and dtype, for logs."""
