@@ -11,6 +11,10 @@ from engines.base import Engine
 ENGINE_TYPES = ("onnx", "pytorch", "zero")
 #: Arithmetic an engine may be asked for; where it cannot honour one it says so and runs fp32.
 PRECISIONS = ("fp32", "fp16", "bf16")
+#: Engines whose run lets go of the GIL around each operator and must take it back after each
+#: one (PyTorch), rather than once for the whole run (ONNX Runtime). Beside a thread that holds
+#: the GIL, each take-back waits up to the switch interval (5 ms): the GIL convoy.
+GIL_PER_OPERATOR = frozenset({"pytorch"})
 
 
 def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threads: int = 0,

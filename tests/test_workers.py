@@ -17,7 +17,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from client import Client
 from protocol import BadRequest, DeadlineExceeded, encode_frame, qa_request
 from server import InferenceServer, ServerConfig
-from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, Reference, wait_until
+from tests.helpers import (
+    CONTEXTS,
+    QUESTIONS,
+    RawConnection,
+    Reference,
+    assert_same_answer,
+    wait_until,
+)
 from tests.test_server_process import drain_log, start_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,6 +111,21 @@ def test_stats_and_metrics_are_summed_over_workers_with_series_per_worker(
                         ("worker", str(w["worker"])))] == 1 for w in workers)
     assert metrics[("qa_server_device_batches_total", ("device", "cpu"))] == \
         metrics[("qa_server_batches_total",)]
+
+
+def test_workers_tokenize_with_the_gil_released_only_beside_pytorch(
+        served: InferenceServer, tiny_model_dir: Path) -> None:
+    """A worker holds the GIL through its encodes beside ONNX Runtime (fewer hand-offs), but not
+    beside PyTorch, which takes the GIL back after every operator (the GIL convoy)."""
+    with Client(*served.address) as client:
+        assert client.stats(timeout=30)["engine"]["encodes_release_gil"] is False
+    config = worker_config(tiny_model_dir, inference_engine_type="pytorch", device="cpu")
+    with InferenceServer(config) as srv, Client(*srv.address) as client:
+        answer = client.answer(QUESTIONS[0], CONTEXTS[0], timeout=60)
+        stats = client.stats(timeout=30)
+    assert_same_answer(answer, Reference(tiny_model_dir).answer(QUESTIONS[0], CONTEXTS[0]),
+                       CONTEXTS[0])
+    assert stats["engine"]["type"] == "pytorch" and stats["engine"]["encodes_release_gil"] is True
 
 
 def test_a_worker_killed_under_load_loses_no_reply_and_is_restarted(

