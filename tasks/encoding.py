@@ -7,9 +7,9 @@ process has one thread that tokenizes; there releasing the GIL only adds hand-of
 session thread, measured at about 5% more CPU per request on a loaded 2-core machine
 (docs/benchmarks.md), so workers/worker_main.py turns it off, except beside an engine that takes
 the GIL back after every operator (PyTorch): each take-back would wait behind a whole encode.
-Either way the encodings are the
-same, and the tokenizers library's own thread pool is off unless the user set it: for a call
-this small it only adds hand-offs (two texts cost 30% more CPU through it).
+Either way the encodings are the same, and the tokenizers library's own thread pool is off
+unless the user set it: for a call this small it only adds hand-offs (two texts cost 30% more
+CPU through it).
 """
 
 from __future__ import annotations
