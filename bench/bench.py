@@ -29,8 +29,6 @@ import argparse
 import json
 import os
 import platform
-import re
-import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -44,13 +42,14 @@ sys.path.insert(0, str(ROOT))
 from bench.loadgen import Item  # noqa: E402
 from bench.mix import TASKS, load_mix  # noqa: E402
 from bench.raw import raw_ceiling, raw_parallel, raw_row  # noqa: E402
+from bench.servers import start_server, stop_servers  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
 from stress_test import run_closed_loop  # noqa: E402
 
-# raw_ceiling, raw_parallel and raw_row live in bench/raw.py; bench/gpu.py and bench/scaleout.py
-# import them from here.
+# raw_ceiling, raw_parallel and raw_row live in bench/raw.py, start_server and stop_servers in
+# bench/servers.py; bench/gpu.py and bench/scaleout.py import the raw ones from here.
 __all__ = ["Target", "find_targets", "machine", "raw_ceiling", "raw_parallel", "raw_row",
-           "raw_table", "ratios", "start_server", "stop_servers", "summary_table"]
+           "raw_table", "ratios", "summary_table"]
 
 
 @dataclass(frozen=True)
@@ -104,43 +103,6 @@ def find_targets(model_dirs: list[str], task: str | None = None) -> list[Target]
     if not targets:
         raise ValueError(f"no {task} model in {', '.join(model_dirs)}")
     return targets
-
-
-def start_server(kind: str, model_dir: str, sessions: int, extra: list[str]) -> tuple[Any, int]:
-    """A real server process on a free port; returns (process, port)."""
-    cmd = [sys.executable, "server.py", "--port", "0", "--model_dir", model_dir,
-           "--inference_engine_type", kind, "--num_inference_sessions", str(sessions),
-           "--log_level", "INFO", *extra]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if match := re.search(r"serving on [\d.]+:(\d+)", line):
-            subprocess_drain(proc)
-            return proc, int(match.group(1))
-    raise RuntimeError(f"server did not start (exit {proc.wait()})")
-
-
-def subprocess_drain(proc: Any) -> None:
-    """Keep reading the server's log in the background so it never blocks."""
-    import threading
-
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-
-
-def stop_servers(*procs: Any, timeout_s: float = 60) -> None:
-    """SIGTERM every server (or worker) process, then wait for each to drain and exit; one
-    still running after ``timeout_s`` is killed, and that is said (a graceful stop that hangs)."""
-    for proc in procs:
-        proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            print(f"  server pid {proc.pid} still running {timeout_s:.0f} s after SIGTERM: "
-                  f"killed", flush=True)
-            proc.kill()
-            proc.wait()
 
 
 def raw_runs(targets: list[Target], mixes: dict[str, list[Item]], kinds: list[str],

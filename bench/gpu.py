@@ -29,9 +29,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench import machine, raw_ceiling, raw_table, start_server, stop_servers  # noqa: E402
+from bench.bench import machine, raw_ceiling, raw_table  # noqa: E402
 from bench.gpu_report import plot, targets_table  # noqa: E402
 from bench.pipeload import run_pipelined  # noqa: E402
+from bench.servers import start_server, stop_servers  # noqa: E402
 from client import Client  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
 from stress_test import load_pairs, run_closed_loop  # noqa: E402

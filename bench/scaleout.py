@@ -38,14 +38,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench import (  # noqa: E402
-    machine,
-    raw_ceiling,
-    raw_parallel,
-    start_server,
-    stop_servers,
-)
+from bench.bench import machine, raw_ceiling, raw_parallel  # noqa: E402
 from bench.frontend import process_tree_cpu_s  # noqa: E402
+from bench.servers import start_server, stop_servers  # noqa: E402
 from broker.local_server import RedisServer  # noqa: E402
 from client import Client  # noqa: E402
 from protocol.errors import ServerError  # noqa: E402

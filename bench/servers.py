@@ -1,0 +1,50 @@
+"""Real server.py processes for the benchmarks: started on a free port, stopped gracefully (and
+killed, said, where a graceful stop hangs)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start_server(kind: str, model_dir: str, sessions: int, extra: list[str]) -> tuple[Any, int]:
+    """A real server process on a free port; returns (process, port)."""
+    cmd = [sys.executable, "server.py", "--port", "0", "--model_dir", model_dir,
+           "--inference_engine_type", kind, "--num_inference_sessions", str(sessions),
+           "--log_level", "INFO", *extra]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if match := re.search(r"serving on [\d.]+:(\d+)", line):
+            subprocess_drain(proc)
+            return proc, int(match.group(1))
+    raise RuntimeError(f"server did not start (exit {proc.wait()})")
+
+
+def subprocess_drain(proc: Any) -> None:
+    """Keep reading the server's log in the background so it never blocks."""
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+
+
+def stop_servers(*procs: Any, timeout_s: float = 60) -> None:
+    """SIGTERM every server (or worker) process, then wait for each to drain and exit; one
+    still running after ``timeout_s`` is killed, and that is said (a graceful stop that hangs)."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            print(f"  server pid {proc.pid} still running {timeout_s:.0f} s after SIGTERM: "
+                  f"killed", flush=True)
+            proc.kill()
+            proc.wait()
