@@ -33,18 +33,25 @@ def spawn_server(*args: str) -> subprocess.Popen[str]:
 def start_server(*args: str) -> tuple[subprocess.Popen[str], tuple[str, int], list[str]]:
     """Start server.py on a free port; return the process, its address and its log so far."""
     proc = spawn_server(*args)
-    assert proc.stderr is not None
     lines: list[str] = []
-    deadline = time.monotonic() + 120
+    match = read_log_until(proc, lines, r"serving on ([\d.]+):(\d+)")
+    return proc, (match.group(1), int(match.group(2))), lines
+
+
+def read_log_until(proc: subprocess.Popen[str], lines: list[str], pattern: str,
+                   timeout_s: float = 120) -> re.Match[str]:
+    """Read the server's log into ``lines`` up to the first line matching ``pattern``."""
+    assert proc.stderr is not None
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         line = proc.stderr.readline()
         if not line:
             raise AssertionError("server exited:\n" + "".join(lines))
         lines.append(line)
-        if match := re.search(r"serving on ([\d.]+):(\d+)", line):
-            return proc, (match.group(1), int(match.group(2))), lines
+        if match := re.search(pattern, line):
+            return match
     proc.kill()
-    raise AssertionError("server did not start:\n" + "".join(lines))
+    raise AssertionError(f"no {pattern!r} in the server's log:\n" + "".join(lines))
 
 
 def drain_log(proc: subprocess.Popen[str], lines: list[str]) -> threading.Thread:
@@ -223,14 +230,10 @@ def test_sigterm_to_another_thread_while_workers_load_stops_the_server(
     # then, and the server stops cleanly once loaded (a GPU's start-up, with TensorRT, can take
     # minutes). tests/test_waits.py shows the wait itself lets the handler run.
     proc = spawn_server("--model_dir", str(tiny_model_dir), "--workers", "2")
-    assert proc.stderr is not None
     lines: list[str] = []
     reader: threading.Thread | None = None
     try:
-        while not any("accepting once loaded" in line for line in lines):
-            line = proc.stderr.readline()
-            assert line, "".join(lines)
-            lines.append(line)
+        read_log_until(proc, lines, "accepting once loaded")
         _signal_another_thread(proc.pid, signal.SIGTERM)
         reader = drain_log(proc, lines)
         assert proc.wait(timeout=60) == 0
