@@ -11,6 +11,9 @@ from engines.base import Engine
 ENGINE_TYPES = ("onnx", "pytorch", "zero")
 #: Arithmetic an engine may be asked for; where it cannot honour one it says so and runs fp32.
 PRECISIONS = ("fp32", "fp16", "bf16")
+#: How a PyTorch engine runs its model: one traced graph, which holds no GIL between operators
+#: (engines/torch_graph.py), or eager, operator by operator.
+TORCH_GRAPHS = ("traced", "eager")
 #: Engines whose run lets go of the GIL around each operator and must take it back after each
 #: one (PyTorch), rather than once for the whole run (ONNX Runtime). Beside a thread that holds
 #: the GIL, each take-back waits up to the switch interval (5 ms): the GIL convoy.
@@ -19,12 +22,13 @@ GIL_PER_OPERATOR = frozenset({"pytorch"})
 
 def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threads: int = 0,
                 lone_threads: int = 0, crowded: Callable[[], bool] | None = None,
-                precision: str = "fp32") -> Engine:
+                precision: str = "fp32", graph: str = "traced") -> Engine:
     """Load one engine of ``kind`` (one of ENGINE_TYPES) from a prepared model folder.
 
     ``lone_threads`` and ``crowded`` (ONNX on the CPU): threads for a batch that has the machine
     to itself, and how to tell (see OnnxEngine). ``precision``: one of PRECISIONS (the engine
-    logs why, where it falls back to fp32).
+    logs why, where it falls back to fp32). ``graph`` (PyTorch): "traced" or "eager" (see
+    TorchEngine).
 
     The backend is imported only here, so a server using ONNX never imports torch's CUDA stack.
     """
@@ -36,7 +40,8 @@ def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threa
     if kind == "pytorch":
         from engines.torch_engine import TorchEngine
 
-        return TorchEngine(model_dir, device=device, threads=threads, precision=precision)
+        return TorchEngine(model_dir, device=device, threads=threads, precision=precision,
+                           graph=graph)
     if kind == "zero":
         from engines.zero_engine import ZeroEngine
 

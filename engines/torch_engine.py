@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engines import TORCH_GRAPHS
 from engines.base import Engine, check_outputs
 from engines.model_dir import load_model_info
 from engines.task_models import TaskOutputs, load_task_model
+from engines.torch_graph import Forward, run_graph, trace_checked
 
 # transformers' from_pretrained is not safe to run in several threads at once (it builds the model
 # on the "meta" device and materialises it; concurrent loads fail with "Cannot copy out of meta
@@ -63,6 +65,10 @@ class TorchEngine(Engine):
         threads: CPU threads for torch (process-wide setting); 0 leaves torch's default.
         precision: "fp32", "fp16" (CUDA only) or "bf16" (CPU, and GPUs that have it); where
             the device cannot, it says so and runs fp32. Outputs come back as float32.
+        graph: "traced" (default): the model as one TorchScript graph, which runs without the
+            GIL between operators (engines/torch_graph.py), checked against the eager model;
+            where tracing fails or disagrees, it says why and runs eager. "eager": operator by
+            operator, as transformers runs it.
 
     Raises:
         ValueError: The folder's task is not built in (a plug-in task runs on the onnx engine).
@@ -71,7 +77,9 @@ class TorchEngine(Engine):
     name = "pytorch"
 
     def __init__(self, model_dir: str | Path, *, device: str = "auto", threads: int = 0,
-                 precision: str = "fp32") -> None:
+                 precision: str = "fp32", graph: str = "traced") -> None:
+        if graph not in TORCH_GRAPHS:
+            raise ValueError(f"unknown PyTorch graph {graph!r}; choose from {TORCH_GRAPHS}")
         info = load_model_info(model_dir)
         self.torch_device = choose_device(device)
         self.device = str(self.torch_device)
@@ -85,6 +93,17 @@ class TorchEngine(Engine):
         self._config = model.config
         self.model = TaskOutputs(model, info.task, list(self.input_names)).eval().to(
             self.torch_device, dtype=_DTYPES[self.precision])
+        self.graph: str = "eager"
+        self._traced: Forward | None = None
+        if graph == "traced":
+            self._traced, why = trace_checked(self.model, self.input_names,
+                                              int(getattr(model.config, "vocab_size", 1000)),
+                                              self.torch_device, _DTYPES[self.precision])
+            if self._traced is None:
+                log.warning("PyTorch engine runs eager (%s): beside busy threads each of its "
+                            "operators waits for the GIL", why)
+            else:
+                self.graph = "traced"
 
     @torch.inference_mode()
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -94,14 +113,19 @@ class TorchEngine(Engine):
                 self.torch_device, non_blocking=True)
             for name in self.input_names
         }
-        values = self.model.named(tensors)
+        values = self._forward([tensors[name] for name in self.input_names])
         outputs = {name: value.float().cpu().numpy()
                    for name, value in zip(self.output_names, values, strict=True)}
         check_outputs(tensors, outputs)
         return outputs
 
+    def _forward(self, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        if self._traced is not None:
+            return tuple(run_graph(self._traced, tensors))
+        return self.model(*tensors)
+
     def describe(self) -> str:
-        """Engine, device and dtype, for logs."""
+        """Engine, device, dtype and graph, for logs."""
         attention = getattr(self._config, "_attn_implementation", None) or "eager"
-        return (f"pytorch {torch.__version__} on {self.device} ({self.precision}, {attention} "
-                f"attention, threads: {torch.get_num_threads()})")
+        return (f"pytorch {torch.__version__} on {self.device} ({self.precision}, {self.graph} "
+                f"graph, {attention} attention, threads: {torch.get_num_threads()})")

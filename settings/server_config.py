@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from engines import ENGINE_TYPES, PRECISIONS
+from engines import ENGINE_TYPES, PRECISIONS, TORCH_GRAPHS
 from protocol import DEFAULT_MAX_FRAME_SIZE
 from protocol.limits import FieldLimits
 from scheduling.planner import BATCHING_MODES
@@ -69,6 +69,10 @@ class ServerConfig:
                             "(prepare_model.py --fp16) or float16 PyTorch on CUDA; bf16 runs "
                             "bfloat16 PyTorch; where it cannot, the server says so and runs fp32",
                             choices=PRECISIONS)
+    pytorch_graph: str = option("traced", "pytorch engine: traced runs the model as one "
+                                "TorchScript graph, which holds no GIL between operators "
+                                "(checked against eager at load; eager where that fails); eager "
+                                "runs it operator by operator", choices=TORCH_GRAPHS)
     threads_per_session: int = option(0, "CPU threads per engine (0: cores divided among sessions)")
     batching: str = option("auto", "auto: batch only as far as the measured cost says it pays; "
                            "fixed: fill up to the caps; off: one request per batch",

@@ -67,7 +67,8 @@ def default_engine_factory(config: ServerConfig, device: str,
     """Builds one session's engine as the settings say (threads, precision, device)."""
     return partial(load_engine, config.inference_engine_type, config.model_dir, device=device,
                    threads=config.engine_threads(), lone_threads=config.lone_threads(),
-                   crowded=queue.crowded, precision=config.precision)
+                   crowded=queue.crowded, precision=config.precision,
+                   graph=config.pytorch_graph)
 
 
 def start_sessions(config: ServerConfig, factory: Callable[[], Engine], task: BatchTask,
