@@ -31,7 +31,25 @@ CHECK_SHAPES = ((1, 7), (3, 40))
 #: rounding (fp32: prepare_model.py's default ONNX tolerance).
 TOLERANCE = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}
 
-Forward = Callable[..., Sequence[torch.Tensor]]
+Forward = Callable[[torch.Tensor], torch.Tensor]
+
+
+class Stacked(torch.nn.Module):
+    """A task model with one tensor in (its inputs stacked, ``[inputs, rows, length]``) and one
+    out (its outputs stacked, float32): every tensor call from Python lets go of the GIL and
+    takes it back, so a run makes as few as it can (one copy in, the graph, one copy out).
+
+    Args:
+        model: Positional int64 inputs in, a tuple of same-shaped outputs out (TaskOutputs).
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, stacked: torch.Tensor) -> torch.Tensor:
+        """The model's outputs, stacked, in float32."""
+        return torch.stack([output.float() for output in self.model(*stacked.unbind(0))])
 
 
 def sample_inputs(names: Sequence[str], rows: int, length: int, vocab_size: int,
@@ -60,15 +78,15 @@ def sample_inputs(names: Sequence[str], rows: int, length: int, vocab_size: int,
 
 def trace_checked(model: torch.nn.Module, names: Sequence[str], vocab_size: int,
                   device: torch.device, dtype: torch.dtype) -> tuple[Forward | None, str]:
-    """``model`` (positional inputs in ``names`` order, a tuple of tensors out) traced, and the
-    reason when it is not: ``(graph, "")``, or ``(None, why)`` when tracing failed or the graph
-    disagrees with the eager model on the check shapes."""
+    """``Stacked(model)`` traced (``model``: positional inputs in ``names`` order, a tuple of
+    tensors out), and the reason when it is not: ``(graph, "")``, or ``(None, why)`` when
+    tracing failed or the graph disagrees with the eager model on the check shapes."""
     try:
+        sample = torch.stack(sample_inputs(names, *TRACE_SHAPE, vocab_size, device))
         with warnings.catch_warnings(), torch.inference_mode():
             warnings.simplefilter("ignore")  # trace-time notes on Python values, and the
             # deprecation of torch.jit.trace (see the module docstring)
-            graph = torch.jit.trace(model, sample_inputs(names, *TRACE_SHAPE, vocab_size,
-                                                         device), check_trace=False)
+            graph = torch.jit.trace(Stacked(model).eval(), sample, check_trace=False)
         worst = max(_difference(model, graph, sample_inputs(names, rows, length, vocab_size,
                                                             device))
                     for rows, length in CHECK_SHAPES)
@@ -84,17 +102,17 @@ def trace_checked(model: torch.nn.Module, names: Sequence[str], vocab_size: int,
 def _difference(model: torch.nn.Module, graph: Forward, inputs: tuple[torch.Tensor, ...]) -> float:
     """Largest |graph - model| over every output, in float32 (inf on a shape mismatch)."""
     with torch.inference_mode():
-        eager, traced = model(*inputs), run_graph(graph, inputs)
+        eager, traced = model(*inputs), run_graph(graph, torch.stack(inputs))
     if len(eager) != len(traced):
         return float("inf")
     pairs = list(zip(eager, traced, strict=True))
     if any(a.shape != b.shape for a, b in pairs):
         return float("inf")
-    return max(float((a.float() - b.float()).abs().max()) for a, b in pairs)
+    return max(float((a.float() - b).abs().max()) for a, b in pairs)
 
 
-def run_graph(graph: Forward, inputs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+def run_graph(graph: Forward, stacked: torch.Tensor) -> torch.Tensor:
     """One forward of a traced graph, in TorchScript's plain interpreter: no profiling runs and
     no fusion compiled per new shape, so the first batch of each shape costs what the rest do."""
     with torch.jit.optimized_execution(False):
-        return graph(*inputs)
+        return graph(stacked)
