@@ -116,7 +116,8 @@ def test_stats_and_metrics_are_summed_over_workers_with_series_per_worker(
 def test_workers_tokenize_with_the_gil_released_only_beside_pytorch(
         served: InferenceServer, tiny_model_dir: Path) -> None:
     """A worker holds the GIL through its encodes beside ONNX Runtime (fewer hand-offs), but not
-    beside PyTorch, which takes the GIL back after every operator (the GIL convoy)."""
+    beside PyTorch, which takes the GIL back more than once per run (the GIL convoy); PyTorch
+    runs its traced graph by default."""
     with Client(*served.address) as client:
         assert client.stats(timeout=30)["engine"]["encodes_release_gil"] is False
     config = worker_config(tiny_model_dir, inference_engine_type="pytorch", device="cpu")
@@ -126,6 +127,7 @@ def test_workers_tokenize_with_the_gil_released_only_beside_pytorch(
     assert_same_answer(answer, Reference(tiny_model_dir).answer(QUESTIONS[0], CONTEXTS[0]),
                        CONTEXTS[0])
     assert stats["engine"]["type"] == "pytorch" and stats["engine"]["encodes_release_gil"] is True
+    assert "traced graph" in stats["engine"]["description"]
 
 
 def test_a_worker_killed_under_load_loses_no_reply_and_is_restarted(
