@@ -86,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=1, help="rows per batch")
     p.add_argument("--length", type=int, default=128, help="tokens per row")
     p.add_argument("--runs", type=int, default=20, help="runs per figure")
+    p.add_argument("--switch_interval_ms", type=float, default=5.0, help="the interpreter's "
+                   "switch interval (sys.setswitchinterval; Python's default is 5 ms)")
     args = p.parse_args(argv)
+    sys.setswitchinterval(args.switch_interval_ms / 1000)
     print(f"machine: {machine()}", flush=True)
     around = neighbours(args.model_dir)
     print(f"{'graph':8} {'neighbour':28} {'wall ms (median)':>17} {'engine CPU ms':>14}")
