@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench import machine  # noqa: E402
-from engines import TORCH_GRAPHS, load_engine  # noqa: E402
+from engines import PRECISIONS, TORCH_GRAPHS, load_engine  # noqa: E402
 from engines.base import Engine  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
 from stress_test import load_pairs  # noqa: E402
@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--model_dir", default="saved_models/qa", help="a prepared model folder")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    p.add_argument("--precision", default="fp32", help="fp32, fp16 (CUDA) or bf16")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help="fp16 runs on CUDA only")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (one core is "
                    "left to the neighbour on a 2-core machine)")
     p.add_argument("--rows", type=int, default=1, help="rows per batch")
@@ -91,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     sys.setswitchinterval(args.switch_interval_ms / 1000)
     print(f"machine: {machine()}", flush=True)
+    print(f"model {args.model_dir}, {args.device}, {args.precision}, rows {args.rows}, length "
+          f"{args.length}, runs {args.runs}, torch threads {args.threads}, switch interval "
+          f"{args.switch_interval_ms:g} ms", flush=True)
     around = neighbours(args.model_dir)
     print(f"{'graph':8} {'neighbour':28} {'wall ms (median)':>17} {'engine CPU ms':>14}")
     for graph in TORCH_GRAPHS:

@@ -15,10 +15,10 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 #: (engines/torch_graph.py), or eager, operator by operator.
 TORCH_GRAPHS = ("traced", "eager")
 #: Engines whose run lets go of the GIL and takes it back more than once (PyTorch: after every
-#: operator when eager, about twice per run when traced), rather than once for the whole run
+#: operator when eager, two or three times per run when traced), not once for the whole run
 #: (ONNX Runtime). Beside a thread that holds the GIL, each take-back waits up to the switch
 #: interval (5 ms): the GIL convoy. Worker processes tokenize with the GIL released beside them.
-GIL_PER_OPERATOR = frozenset({"pytorch"})
+GIL_RETAKING = frozenset({"pytorch"})
 
 
 def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threads: int = 0,

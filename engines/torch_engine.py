@@ -68,7 +68,7 @@ class TorchEngine(Engine):
         graph: "traced" (default): the model as one TorchScript graph, which runs without the
             GIL between operators (engines/torch_graph.py), checked against the eager model;
             where tracing fails or disagrees, it says why and runs eager. "eager": operator by
-            operator, as transformers runs it.
+            operator, as transformers runs it. ``graph`` (the attribute) says which runs.
 
     Raises:
         ValueError: The folder's task is not built in (a plug-in task runs on the onnx engine).
@@ -96,9 +96,9 @@ class TorchEngine(Engine):
         self.graph: str = "eager"
         self._traced: Forward | None = None
         if graph == "traced":
-            self._traced, why = trace_checked(self.model, self.input_names,
-                                              int(getattr(model.config, "vocab_size", 1000)),
-                                              self.torch_device, _DTYPES[self.precision])
+            self._traced, why = trace_checked(self.model, self.input_names, model.config,
+                                              info.max_seq_len, self.torch_device,
+                                              _DTYPES[self.precision])
             if self._traced is None:
                 log.warning("PyTorch engine runs eager (%s): beside busy threads each of its "
                             "operators waits for the GIL", why)

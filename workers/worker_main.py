@@ -30,7 +30,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
-from engines import GIL_PER_OPERATOR
+from engines import GIL_RETAKING
 from engines.model_dir import load_model_info
 from protocol.errors import InternalError, ServerError
 from settings.server_config import ServerConfig
@@ -109,7 +109,7 @@ def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
     # One thread tokenizes here. Holding the GIL through its encodes saves hand-offs with the
     # session thread, unless the engine takes the GIL back after every operator: then each
     # take-back would wait behind a whole encode.
-    release_gil(config.inference_engine_type in GIL_PER_OPERATOR)
+    release_gil(config.inference_engine_type in GIL_RETAKING)
     try:
         info = load_model_info(config.model_dir)
         # its queue holds whatever the front end may hand it: admission was the front end's
