@@ -169,8 +169,8 @@ def live(tiny_model_dir: Path,
         assert healthy.answered > 0
 
 
-#: One stream down each path the last live test checks was reached: the generated streams do
-#: not always hold them all (a CI run once generated no valid ping).
+#: One stream down each path the live tests check was reached (the servers' outcome counts):
+#: the generated streams do not always hold them all (a CI run once generated no valid ping).
 EVERY_PATH = [
     encode_frame(qa_request(1, QUESTIONS[0], CONTEXTS[0])),  # qa: ok
     encode_frame({"op": "qa", "id": 2, "question": 3}),  # qa: bad_request
@@ -262,6 +262,12 @@ def guarded(tiny_model_dir: Path, expected: list[dict[str, Any]],
 
 @fuzz(1500)
 @given(stream=unauthenticated_streams)
+@example(stream=EVERY_PATH[0])  # qa before auth
+@example(stream=EVERY_PATH[2])  # ping before auth
+@example(stream=encode_frame({"op": "auth", "id": 5, "token": TOKEN.upper()}))  # a wrong token
+@example(stream=EVERY_PATH[3])  # an unknown op before auth
+@example(stream=EVERY_PATH[4])
+@example(stream=EVERY_PATH[5])
 def test_fuzz_before_auth_the_first_message_is_refused_and_the_connection_closed(
         guarded: tuple[InferenceServer, HealthyClient], stream: bytes) -> None:
     srv, _ = guarded
