@@ -6,7 +6,8 @@ on one core while the other threads frame, plan, decode and reply on the others.
 process has one thread that tokenizes; there releasing the GIL only adds hand-offs with its
 session thread, measured at about 5% more CPU per request on a loaded 2-core machine
 (docs/benchmarks.md), so workers/worker_main.py turns it off, except beside an engine that takes
-the GIL back after every operator (PyTorch): each take-back would wait behind a whole encode.
+the GIL back more than once per run (PyTorch, engines.GIL_RETAKING): each take-back would wait
+behind a whole encode.
 Either way the encodings are the same, and the tokenizers library's own thread pool is off
 unless the user set it: for a call this small it only adds hand-offs (two texts cost 30% more
 CPU through it).

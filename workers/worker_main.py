@@ -107,8 +107,8 @@ def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
         f"%(asctime)s %(levelname)s worker-{index} %(threadName)s %(name)s: %(message)s"))
     stats = ServerStats()
     # One thread tokenizes here. Holding the GIL through its encodes saves hand-offs with the
-    # session thread, unless the engine takes the GIL back after every operator: then each
-    # take-back would wait behind a whole encode.
+    # session thread, unless the engine takes the GIL back more than once per run (PyTorch,
+    # engines.GIL_RETAKING): then each take-back would wait behind a whole encode.
     release_gil(config.inference_engine_type in GIL_RETAKING)
     try:
         info = load_model_info(config.model_dir)
