@@ -42,6 +42,7 @@ from transport.listener import publish_address
 from transport.tls import server_context
 from transport.unix import describe
 from workers.backend import Backend
+from workers.cpu_policy import apply_cpu_scheduling
 
 log = logging.getLogger("server")
 
@@ -359,6 +360,8 @@ class InferenceServer:
 def main(argv: list[str] | None = None) -> int:
     """Run until SIGINT/SIGTERM; a second signal exits at once. Returns the exit status."""
     config = parse_args(__doc__, argv)
+    # before any thread or worker process starts: they inherit it (workers/cpu_policy.py)
+    log.info("CPU scheduling: %s", apply_cpu_scheduling(config.cpu_scheduling))
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:

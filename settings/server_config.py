@@ -17,6 +17,7 @@ from protocol import DEFAULT_MAX_FRAME_SIZE
 from protocol.limits import FieldLimits
 from scheduling.planner import BATCHING_MODES
 from settings.cli import HelpFormatter
+from workers.cpu_policy import CPU_POLICIES
 
 
 def option(default: Any, help: str, *, flag: str | None = None,
@@ -73,6 +74,12 @@ class ServerConfig:
                                 "TorchScript graph, which holds no GIL between operators "
                                 "(checked against eager at load; eager where that fails); eager "
                                 "runs it operator by operator", choices=TORCH_GRAPHS)
+    cpu_scheduling: str = option("batch", "Linux CPU scheduling policy of server.py and its "
+                                 "worker processes: batch (SCHED_BATCH) lets a thread that "
+                                 "wakes wait for a busy core's time slice instead of "
+                                 "preempting it (less switching under load, the same on an "
+                                 "idle machine); normal leaves the default (docs/operations.md)",
+                                 choices=CPU_POLICIES)
     threads_per_session: int = option(0, "CPU threads per engine (0: cores divided among sessions)")
     batching: str = option("auto", "auto: batch only as far as the measured cost says it pays; "
                            "fixed: fill up to the caps; off: one request per batch",

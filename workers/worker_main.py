@@ -36,6 +36,7 @@ from protocol.errors import InternalError, ServerError
 from settings.server_config import ServerConfig
 from tasks.encoding import release_gil
 from telemetry.stats import ServerStats
+from workers.cpu_policy import apply_cpu_scheduling
 from workers.local import LocalBackend
 
 log = logging.getLogger("worker")
@@ -105,6 +106,8 @@ def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # end drains, then stops us itself
     logging.basicConfig(level=log_level, format=(
         f"%(asctime)s %(levelname)s worker-{index} %(threadName)s %(name)s: %(message)s"))
+    scheduling = apply_cpu_scheduling(config.cpu_scheduling)  # before our threads: they inherit
+    log.debug("CPU scheduling: %s", scheduling)
     stats = ServerStats()
     # One thread tokenizes here. Holding the GIL through its encodes saves hand-offs with the
     # session thread, unless the engine takes the GIL back more than once per run (PyTorch,
