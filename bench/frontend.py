@@ -18,6 +18,8 @@ the same mix, measured just before it, so that each figure is divided by a floor
 same host speed (this shared machine's speed drifts by a quarter from one hour to the next).
 ``--rounds`` repeats the layouts in alternating order; the summary gives the median multiple of
 the floor per layout, and the median over the rounds of each round's requests/s ratio.
+``--variants`` compares server flags in the same rounds, e.g.
+``--variants 'batch=--cpu_scheduling batch' 'normal=--cpu_scheduling normal'``.
 docs/benchmarks.md records the results.
 """
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -93,11 +96,13 @@ def answered(client: Client) -> int:
 
 
 def measure_server(model_dir: str, pairs: list[tuple[str, str]], args: argparse.Namespace,
-                   workers: int = 1) -> dict[str, Any]:
+                   workers: int = 1, variant: tuple[str, str] = ("", "")) -> dict[str, Any]:
     """Saturate one zero-engine server with ``workers`` worker processes (1: none, all in the
-    server's process); its CPU per request (front end and workers) and requests/s."""
+    server's process) and the flags of ``variant`` (name, flags); its CPU per request (front
+    end and workers) and requests/s."""
     sessions = max(1, args.sessions // workers)  # the same engines in all, spread over workers
-    proc, port = start_server("zero", model_dir, sessions, ["--workers", str(workers)])
+    proc, port = start_server("zero", model_dir, sessions,
+                              ["--workers", str(workers), *shlex.split(variant[1])])
     try:
         with Client("127.0.0.1", port) as control:
             for question, context in pairs[:16]:  # warm-up, before the count starts
@@ -108,7 +113,8 @@ def measure_server(model_dir: str, pairs: list[tuple[str, str]], args: argparse.
             requests = answered(control) - requests_before
     finally:
         stop_servers(proc)
-    return {"workers": workers, "sessions": sessions, "connections": args.connections,
+    return {"workers": workers, "variant": variant[0], "server_args": variant[1],
+            "sessions": sessions, "connections": args.connections,
             "pipeline": args.pipeline, "load": args.load, "requests": requests,
             "server_cpu_s": cpu,
             "cpu_us_per_request": 1e6 * cpu / max(1, requests),
@@ -128,27 +134,34 @@ def drive(port: int, pairs: list[tuple[str, str]], args: argparse.Namespace) -> 
                            progress=False, budget_s=args.seconds)  # measure_server warmed it
 
 
+def _layout(row: dict[str, Any]) -> str:
+    """A row's variant (if named) and worker count, in words."""
+    workers = f"{row['workers']} worker{'s' if row['workers'] > 1 else ''}"
+    return f"{row['variant']}, {workers}" if row.get("variant") else workers
+
+
 def report(rows: list[dict[str, Any]]) -> str:
     """The results as a table, each CPU figure also as a multiple of the floor taken beside it;
     then the median multiple per layout and the requests/s ratios of each round."""
     lines = ["round  layout                                    requests/s   server CPU/request"
              "      floor   x floor   errors"]
     for row in rows:
-        layout = (f"{row['workers']} worker{'s' if row['workers'] > 1 else ''}, "
-                  f"{row['sessions']} session(s) each, {row['connections']}x{row['pipeline']} "
-                  "pipelined")
+        layout = (f"{_layout(row)}, {row['sessions']} session(s) each, "
+                  f"{row['connections']}x{row['pipeline']} pipelined")
         lines.append(f"{row['round']:>5}  {layout:<41} {row['throughput_rps']:10.1f}   "
                      f"{row['cpu_us_per_request']:14.1f} us {row['floor_us']:7.1f} us"
                      f"   {row['x_floor']:7.2f}   {row['errors'] or 'none'}")
-    for workers in dict.fromkeys(row["workers"] for row in rows):
-        multiples = [row["x_floor"] for row in rows if row["workers"] == workers]
-        lines.append(f"{workers} worker(s): median {statistics.median(multiples):.2f}x the floor "
+    for layout in dict.fromkeys(_layout(row) for row in rows):
+        multiples = [row["x_floor"] for row in rows if _layout(row) == layout]
+        lines.append(f"{layout}: median {statistics.median(multiples):.2f}x the floor "
                      f"({', '.join(f'{m:.2f}' for m in multiples)})")
-    scaling = scaling_ratios(rows)
-    for workers, ratios in scaling.items():
-        lines.append(f"scaling: {workers} workers {statistics.median(ratios):.2f}x the "
-                     f"requests/s of {rows[0]['workers']} (median; rounds: "
-                     f"{', '.join(f'{r:.2f}' for r in ratios)})")
+    for variant in dict.fromkeys(row.get("variant", "") for row in rows):
+        ours = [row for row in rows if row.get("variant", "") == variant]
+        for workers, ratios in scaling_ratios(ours).items():
+            lines.append(f"scaling{f' ({variant})' if variant else ''}: {workers} workers "
+                         f"{statistics.median(ratios):.2f}x the requests/s of "
+                         f"{ours[0]['workers']} (median; rounds: "
+                         f"{', '.join(f'{r:.2f}' for r in ratios)})")
     return "\n".join(lines)
 
 
@@ -165,18 +178,28 @@ def scaling_ratios(rows: list[dict[str, Any]]) -> dict[int, list[float]]:
 
 
 def measure_rounds(args: argparse.Namespace, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """Every layout in each round (in alternating order), each beside a floor of its own."""
+    """Every layout (variant x workers) in each round, in alternating order, each beside a
+    floor of its own."""
+    layouts = [(variant, workers) for variant in args.variants for workers in args.workers]
     rows = []
     for n in range(args.rounds):
-        for workers in args.workers if n % 2 == 0 else args.workers[::-1]:
+        for variant, workers in layouts if n % 2 == 0 else layouts[::-1]:
             floor = tokenizer_floor_us(args.model_dir, pairs, min_seconds=args.floor_seconds)
-            row = measure_server(args.model_dir, pairs, args, workers)
+            row = measure_server(args.model_dir, pairs, args, workers, variant)
             row.update({"round": n + 1, "floor_us": floor,
                         "x_floor": row["cpu_us_per_request"] / floor})
-            print(f"  round {n + 1}, {workers} worker(s): {row['throughput_rps']:.0f} "
+            print(f"  round {n + 1}, {_layout(row)}: {row['throughput_rps']:.0f} "
                   f"requests/s, {row['x_floor']:.2f}x the floor", flush=True)
             rows.append(row)
     return rows
+
+
+def variant(text: str) -> tuple[str, str]:
+    """``NAME=FLAGS`` (``--variants``) as (name, flags)."""
+    name, sep, flags = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"a variant is NAME=FLAGS, not {text!r}")
+    return name, flags
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -197,6 +220,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "generator: lean (bench/pipeload.py, a few tens of µs of CPU per request) or "
                    "client (stress_test.py's clients, about 150 µs), on the same cores as the "
                    "server")
+    p.add_argument("--variants", type=variant, nargs="+", default=[("", "")],
+                   metavar="NAME=FLAGS", help="server flags to compare, each measured with "
+                   "every --workers value in every round, e.g. 'batch=--cpu_scheduling batch' "
+                   "'normal=--cpu_scheduling normal' (default: the server's defaults)")
     p.add_argument("--rounds", type=int, default=1, help="times to measure every layout, in "
                    "alternating order")
     p.add_argument("--floor_seconds", type=float, default=2.0, help="CPU seconds of each "

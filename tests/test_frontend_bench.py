@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -9,7 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.frontend import process_tree_cpu_s, scaling_ratios, tokenizer_floor_us
+import pytest
+
+from bench.frontend import process_tree_cpu_s, scaling_ratios, tokenizer_floor_us, variant
 from stress_test import load_pairs
 from tests.helpers import wait_until
 
@@ -63,3 +66,29 @@ def test_scaling_ratios_pair_each_round_with_its_own_base() -> None:
             {"round": 2, "workers": 2, "throughput_rps": 150.0},
             {"round": 2, "workers": 1, "throughput_rps": 50.0}]
     assert scaling_ratios(rows) == {2: [1.8, 3.0]}
+
+
+def test_variants_compare_server_flags_in_the_same_rounds(tiny_model_dir: Path,
+                                                          tmp_path: Path) -> None:
+    out = tmp_path / "frontend.json"
+    done = subprocess.run(
+        [sys.executable, "bench/frontend.py", "--model_dir", str(tiny_model_dir), "--seconds",
+         "1", "--connections", "2", "--pipeline", "4", "--processes", "1", "--workers", "1", "2",
+         "--floor_seconds", "0.2", "--variants", "batch=--cpu_scheduling batch",
+         "normal=--cpu_scheduling normal", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["server"]
+    assert [(row["variant"], row["workers"]) for row in rows] == [
+        ("batch", 1), ("batch", 2), ("normal", 1), ("normal", 2)]
+    assert all(row["requests"] > 0 and row["errors"] in ({}, None) for row in rows)
+    assert rows[3]["server_args"] == "--cpu_scheduling normal"
+    for name in ("batch", "normal"):
+        assert f"{name}, 2 workers: median" in done.stdout
+        assert f"scaling ({name}): 2 workers" in done.stdout
+
+
+def test_a_variant_needs_a_name_and_flags() -> None:
+    assert variant("lean=--workers 2 --batching off") == ("lean", "--workers 2 --batching off")
+    with pytest.raises(argparse.ArgumentTypeError):
+        variant("--workers 2")
