@@ -47,6 +47,18 @@ def pending_of(broker: RedisServer, pid: int) -> int:
                                      consumername=name))
 
 
+def freeze_holding_work(broker: RedisServer, pid: int, timeout_s: float = 30) -> int:
+    """SIGSTOP the worker ``pid`` while it holds entries (it may settle them between our look
+    and the signal: then let it go on and try again); how many it holds, frozen."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        wait_until(lambda: pending_of(broker, pid) > 0, max(0.1, deadline - time.monotonic()))
+        os.kill(pid, signal.SIGSTOP)
+        if (held := pending_of(broker, pid)) > 0 or time.monotonic() > deadline:
+            return held
+        os.kill(pid, signal.SIGCONT)
+
+
 def test_a_worker_killed_mid_batch_loses_no_request_and_answers_none_twice(
         broker: RedisServer, tiny_model_dir: Path) -> None:
     workers = [start_worker(broker.url, tiny_model_dir) for _ in range(2)]
@@ -57,9 +69,7 @@ def test_a_worker_killed_mid_batch_loses_no_request_and_answers_none_twice(
         conn = RawConnection(front.address, timeout=60)
         conn.send_raw(b"".join(encode_frame(qa_request(i, QUESTIONS[i % 6], CONTEXTS[i % 6] * 8))
                                for i in range(total)))
-        wait_until(lambda: pending_of(broker, victim.pid) > 0, 30)
-        os.kill(victim.pid, signal.SIGSTOP)  # frozen holding entries: mid-batch, for sure
-        held = pending_of(broker, victim.pid)
+        held = freeze_holding_work(broker, victim.pid)  # mid-batch, for sure
         os.kill(victim.pid, signal.SIGKILL)
         replies = conn.recv_replies(total)  # asserts one reply per id
         assert all(reply.get("error") is None for reply in replies.values()), \
