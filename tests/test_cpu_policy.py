@@ -46,17 +46,17 @@ def run_python(code: str) -> str:
 def test_every_thread_running_or_started_later_gets_the_policy(policy: str) -> None:
     out = run_python(f"""
         import os, threading
+        from tests.test_cpu_policy import thread_policies
         from workers.cpu_policy import apply_cpu_scheduling
         stop = threading.Event()
-        before = threading.Thread(target=stop.wait)
+        before = threading.Thread(target=stop.wait, daemon=True)
         before.start()
         print(apply_cpu_scheduling({policy!r}))
         seen = []
         after = threading.Thread(target=lambda: seen.append(os.sched_getscheduler(0)))
         after.start(); after.join()
         names = {{os.SCHED_BATCH: "batch", os.SCHED_OTHER: "normal"}}
-        print(sorted({{names[os.sched_getscheduler(int(t))]
-                      for t in os.listdir(f"/proc/{{os.getpid()}}/task")}}), names[seen[0]])
+        print(sorted({{names.get(p, p) for p in thread_policies(os.getpid())}}), names[seen[0]])
         stop.set()
     """)
     assert out.split("\n")[:2] == [policy, f"['{policy}'] {policy}"]
@@ -72,7 +72,7 @@ def test_a_thread_under_the_operators_own_policy_keeps_it() -> None:
         def idle():
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
             tid.append(threading.get_native_id()); ready.set(); stop.wait()
-        thread = threading.Thread(target=idle)
+        thread = threading.Thread(target=idle, daemon=True)
         thread.start(); ready.wait()
         print(apply_cpu_scheduling("batch"))
         print(os.sched_getscheduler(tid[0]) == os.SCHED_IDLE,
