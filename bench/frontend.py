@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench import machine  # noqa: E402
 from bench.pipeload import run_pipelined  # noqa: E402
-from bench.servers import start_server, stop_servers  # noqa: E402
+from bench.servers import qa_model_dir, start_server, stop_servers  # noqa: E402
 from client import Client  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
 from stress_test import load_pairs, run_closed_loop  # noqa: E402
@@ -205,8 +205,9 @@ def variant(text: str) -> tuple[str, str]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line options."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--model_dir", default="saved_models", help="a folder from prepare_model.py "
-                   "(only its tokenizer and input names are used)")
+    p.add_argument("--model_dir", default="saved_models", help="a QA model folder from "
+                   "prepare_model.py, or a repository holding one (only its tokenizer and input "
+                   "names are used)")
     p.add_argument("--data", help="request mix (default: bench/data/qa_pairs.jsonl)")
     p.add_argument("--seconds", type=float, default=15.0, help="seconds of load")
     p.add_argument("--sessions", type=int, default=2, help="inference sessions in all, shared "
@@ -235,6 +236,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; exit status 0."""
     args = parse_args(argv)
+    args.model_dir = qa_model_dir(args.model_dir)
     pairs = load_pairs(args.data)
     info = machine()
     print(f"machine: {info}", flush=True)

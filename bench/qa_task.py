@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.frontend import tokenizer_floor_us  # noqa: E402
+from bench.servers import qa_model_dir  # noqa: E402
 from stress_test import load_pairs  # noqa: E402
 from tasks.qa import QAConfig, QATask  # noqa: E402
 
@@ -59,12 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     """Print the best of ``--repeats`` rounds of each figure; exit status 0."""
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model_dir", default="saved_models", help="a prepared model folder")
+    p.add_argument("--model_dir", default="saved_models", help="a prepared QA model folder, "
+                   "or a repository holding one")
     p.add_argument("--data", help="request mix (default: bench/data/qa_pairs.jsonl)")
     p.add_argument("--seconds", type=float, default=1.0, help="CPU seconds per figure and round")
     p.add_argument("--repeats", type=int, default=3, help="rounds; the best of each is shown")
     p.add_argument("--batch", type=int, default=8, help="requests per collated batch")
     args = p.parse_args(argv)
+    args.model_dir = qa_model_dir(args.model_dir)
     pairs = load_pairs(args.data)
     task = QATask.from_dir(args.model_dir, QAConfig())
     rounds = []

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench import machine, raw_ceiling, raw_parallel  # noqa: E402
 from bench.frontend import process_tree_cpu_s  # noqa: E402
-from bench.servers import start_server, stop_servers  # noqa: E402
+from bench.servers import qa_model_dir, start_server, stop_servers  # noqa: E402
 from broker.local_server import RedisServer  # noqa: E402
 from client import Client  # noqa: E402
 from protocol.errors import ServerError  # noqa: E402
@@ -230,7 +230,8 @@ def pooled_p50s(rows: list[dict[str, Any]]) -> tuple[float, float]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--model_dir", default="saved_models", help="a folder from prepare_model.py")
+    p.add_argument("--model_dir", default="saved_models", help="a QA model folder from "
+                   "prepare_model.py, or a repository holding one")
     p.add_argument("--sets", type=int, default=4, help="independent copies of each layout "
                    "for the 1-client latency")
     p.add_argument("--requests", type=int, default=165,
@@ -247,6 +248,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.model_dir = qa_model_dir(args.model_dir)
     if args.quick:
         args.sets, args.requests = 2, 30
         args.scaling_requests, args.cpu_requests = 40, 256

@@ -15,6 +15,26 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def qa_model_dir(model_dir: str) -> str:
+    """``model_dir`` if it is a prepared model folder, else the first ``qa`` model of the model
+    repository it is (``prepare_model.py`` writes ``saved_models/qa`` beside
+    ``saved_models/embed``): the QA benchmarks take either, as the server does.
+
+    Raises:
+        ValueError: no ``qa`` model there.
+    """
+    from dispatch.models import find_models
+    from engines.model_dir import load_model_info
+
+    found = find_models(model_dir)
+    if len(found) == 1 and Path(found[0][1]) == Path(model_dir):
+        return model_dir
+    for _, folder in found:
+        if load_model_info(folder).task == "qa":
+            return str(folder)
+    raise ValueError(f"no qa model in {model_dir} (its models: {', '.join(n for n, _ in found)})")
+
+
 def start_server(kind: str, model_dir: str, sessions: int, extra: list[str]) -> tuple[Any, int]:
     """A real server process on a free port; returns (process, port)."""
     cmd = [sys.executable, "server.py", "--port", "0", "--model_dir", model_dir,

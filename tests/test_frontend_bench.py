@@ -92,3 +92,39 @@ def test_a_variant_needs_a_name_and_flags() -> None:
     assert variant("lean=--workers 2 --batching off") == ("lean", "--workers 2 --batching off")
     with pytest.raises(argparse.ArgumentTypeError):
         variant("--workers 2")
+
+
+def _repository(root: Path, models: dict[str, tuple[Path, str]]) -> Path:
+    """A model repository: each name a copy of a model folder's serving.json with that task
+    (only the metadata is read), beside nothing else."""
+    for name, (source, task) in models.items():
+        folder = root / name
+        folder.mkdir(parents=True)
+        info = json.loads((source / "serving.json").read_text())
+        (folder / "serving.json").write_text(json.dumps({**info, "task": task}))
+    return root
+
+
+def test_the_qa_benchmarks_take_a_repository_as_the_server_does(tiny_model_dir: Path,
+                                                                tmp_path: Path) -> None:
+    from bench.servers import qa_model_dir
+
+    assert qa_model_dir(str(tiny_model_dir)) == str(tiny_model_dir)  # a model folder: itself
+    repository = _repository(tmp_path / "models", {"embed": (tiny_model_dir, "embed"),
+                                                   "reader": (tiny_model_dir, "qa")})
+    assert qa_model_dir(str(repository)) == str(repository / "reader")
+    without = _repository(tmp_path / "no_qa", {"embed": (tiny_model_dir, "embed")})
+    with pytest.raises(ValueError, match="no qa model"):
+        qa_model_dir(str(without))
+
+
+def test_the_task_benchmark_runs_on_the_repository_prepare_model_writes(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    repository = tmp_path / "saved_models"
+    repository.mkdir()
+    (repository / "qa").symlink_to(tiny_model_dir)
+    done = subprocess.run([sys.executable, "bench/qa_task.py", "--model_dir", str(repository),
+                           "--seconds", "0.05", "--repeats", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "postprocess" in done.stdout and "floor" in done.stdout
