@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def qa_model_dir(model_dir: str) -> str:
-    """``model_dir`` if it is a prepared model folder, else the first ``qa`` model of the model
-    repository it is (``prepare_model.py`` writes ``saved_models/qa`` beside
+    """The first ``qa`` model of ``model_dir``: the folder itself if it is one, else one of the
+    model repository it is (``prepare_model.py`` writes ``saved_models/qa`` beside
     ``saved_models/embed``): the QA benchmarks take either, as the server does.
 
     Raises:
@@ -27,8 +27,6 @@ def qa_model_dir(model_dir: str) -> str:
     from engines.model_dir import load_model_info
 
     found = find_models(model_dir)
-    if len(found) == 1 and Path(found[0][1]) == Path(model_dir):
-        return model_dir
     for _, folder in found:
         if load_model_info(folder).task == "qa":
             return str(folder)
