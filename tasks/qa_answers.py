@@ -10,10 +10,15 @@ Written for a server where many threads share one GIL: every numpy call here wor
 window (at most ``max_seq_len`` values, or a few hundred cells) and no call sorts, because numpy
 lets go of the GIL for sorts and for loops over more than 500 values, and each time it does,
 this thread waits for it behind a whole tokenizer encode and comes back to cold caches.
+
+The search for a window's best spans runs in C (tasks/_span_search.c) where that extension is
+built, and answers the same; without it, or with ``QA_SPAN_SEARCH=numpy`` in the environment,
+numpy searches. ``span_search()`` says which one a process uses.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -24,9 +29,29 @@ TOP_K = 1  # answers per request
 MASKED_LOGIT = np.float32(-10000.0)  # logit given to tokens that cannot be part of an answer
 NO_NULL_SCORE = 1000000.0  # starting value of the running minimum of the null score
 NO_ANSWER = {"answer": "", "score": 0.0, "start": 0, "end": 0}
+NATIVE_TOP_K = 64  # the most spans per window the C search keeps (MAX_TOP_K there)
 
 Span = tuple[int, int, float]  # start token, end token, score
 Spans = tuple[np.ndarray, np.ndarray, np.ndarray]  # start tokens, end tokens, scores
+
+
+def _native_top_cells() -> Any:
+    """The C span search (``top_cells``), or None when it is not built or is turned off."""
+    if os.environ.get("QA_SPAN_SEARCH", "").lower() == "numpy":
+        return None
+    try:
+        from tasks._span_search import top_cells
+    except ImportError:
+        return None
+    return top_cells
+
+
+_top_cells = _native_top_cells()
+
+
+def span_search() -> str:
+    """Which span search this process uses: ``"c"`` or ``"numpy"``."""
+    return "numpy" if _top_cells is None else "c"
 
 
 def best_answer(features: QAFeatures, start_logits: np.ndarray, end_logits: np.ndarray, *,
@@ -66,8 +91,20 @@ def window_probabilities(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
 
 
 def top_spans(start: np.ndarray, end: np.ndarray, top_k: int, max_answer_len: int) -> list[Span]:
-    """The ``top_k`` best spans of one window ``[n]``, best first; a span's score is
-    ``start[s] * end[e]`` for ``s <= e < s + max_answer_len``, else 0.
+    """The ``top_k`` best spans of one window ``[n]`` (float32), best first; a span's score is
+    ``start[s] * end[e]`` for ``s <= e < s + max_answer_len``, else 0. In C where built and the
+    best spans are strictly ranked, else ``numpy_top_spans``: the same spans either way."""
+    if 1 < top_k <= NATIVE_TOP_K and _top_cells is not None:
+        found: list[Span] | None = _top_cells(start, end, top_k,
+                                              min(max_answer_len, start.shape[0]))
+        if found is not None:
+            return found
+    return numpy_top_spans(start, end, top_k, max_answer_len)
+
+
+def numpy_top_spans(start: np.ndarray, end: np.ndarray, top_k: int,
+                    max_answer_len: int) -> list[Span]:
+    """``top_spans`` in numpy.
 
     The best cell of start ``i`` is ``start[i] * max(end[i:i + width])`` (rounding is
     monotonic), so only the starts whose best cell reaches the ``top_k + 1``-th best start's

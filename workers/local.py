@@ -24,6 +24,7 @@ from settings.server_config import ServerConfig
 from tasks import load_task
 from tasks.base import Task
 from tasks.encoding import releases_gil
+from tasks.qa_answers import span_search
 from telemetry.stats import ServerStats
 
 log = logging.getLogger(__name__)
@@ -51,14 +52,14 @@ def prime_shapes(buckets: tuple[int, ...], max_batch_tokens: int) -> list[tuple[
 
 def describe_serving(policy: BatchPolicy, engine: Engine | None) -> dict[str, Any]:
     """The batching figures and (once loaded) the engine of a set of sessions, for stats:
-    ``max_batch_size``, ``cost_model_ms`` and ``engine`` (type, device, precision, words, and
-    whether the process's encodes release the GIL)."""
+    ``max_batch_size``, ``cost_model_ms`` and ``engine`` (type, device, precision, words,
+    whether the process's encodes release the GIL, and the QA span search: C or numpy)."""
     out: dict[str, Any] = {"cost_model_ms": policy.cost.table() if policy.cost else {},
                            "max_batch_size": policy.cap}
     if engine is not None:
         out["engine"] = {"type": engine.name, "device": engine.device,
                          "precision": engine.precision, "description": engine.describe(),
-                         "encodes_release_gil": releases_gil()}
+                         "encodes_release_gil": releases_gil(), "span_search": span_search()}
     return out
 
 
@@ -133,6 +134,11 @@ class LocalBackend:
             RuntimeError: a session could not load its engine.
         """
         self.task = load_task(self.config.model_dir, self.info, self.config)
+        if self.info.task == "qa" and span_search() == "numpy":
+            log.warning("QA answers are searched in numpy: the C span search is %s (same "
+                        "answers, more CPU per request; docs/operations.md)",
+                        "turned off by QA_SPAN_SEARCH" if os.environ.get("QA_SPAN_SEARCH")
+                        else "not built (python setup.py build_ext --inplace)")
         self._start_sessions(self.task)
         self._reaper.start()
 
