@@ -45,6 +45,7 @@ from bench.raw import raw_ceiling, raw_parallel, raw_row  # noqa: E402
 from bench.servers import start_server, stop_servers  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
 from stress_test import run_closed_loop  # noqa: E402
+from tasks.qa_answers import span_search  # noqa: E402
 
 # raw_ceiling, raw_parallel and raw_row live in bench/raw.py, start_server and stop_servers in
 # bench/servers.py; bench/gpu.py and bench/scaleout.py import the raw ones from here.
@@ -286,7 +287,8 @@ def machine() -> dict[str, Any]:
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
             "torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "commit": commit, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            "commit": commit, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "qa_span_search": span_search()}  # the servers it starts inherit tree and environment
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
