@@ -94,9 +94,9 @@ def top_spans(start: np.ndarray, end: np.ndarray, top_k: int, max_answer_len: in
     """The ``top_k`` best spans of one window ``[n]`` (float32), best first; a span's score is
     ``start[s] * end[e]`` for ``s <= e < s + max_answer_len``, else 0. In C where built and the
     best spans are strictly ranked, else ``numpy_top_spans``: the same spans either way."""
-    if 1 < top_k <= NATIVE_TOP_K and _top_cells is not None:
-        found: list[Span] | None = _top_cells(start, end, top_k,
-                                              min(max_answer_len, start.shape[0]))
+    width = min(max_answer_len, start.shape[0])
+    if 1 < top_k <= NATIVE_TOP_K and width > 0 and _top_cells is not None:
+        found: list[Span] | None = _top_cells(start, end, top_k, width)
         if found is not None:
             return found
     return numpy_top_spans(start, end, top_k, max_answer_len)
