@@ -102,7 +102,8 @@ def test_ties_are_left_to_numpy() -> None:
     (np.ones(5, dtype=np.float32), np.ones(5, dtype=np.float32), 0, 5, ValueError),
     (np.ones(5, dtype=np.float32), np.ones(5, dtype=np.float32), 65, 5, ValueError),
     (np.ones(5, dtype=np.float32), np.ones(5, dtype=np.float32), 3, 0, ValueError),
-    (np.ones(10, dtype=np.float32)[::2], np.ones(5, dtype=np.float32), 3, 5, ValueError),  # not contiguous
+    (np.ones(10, dtype=np.float32)[::2], np.ones(5, dtype=np.float32), 3, 5,
+     ValueError),  # not contiguous
 ])
 def test_bad_arguments_are_refused(start: np.ndarray, end: np.ndarray, top_k: int, width: int,
                                    error: type[Exception]) -> None:

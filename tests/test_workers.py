@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from client import Client
 from protocol import BadRequest, DeadlineExceeded, encode_frame, qa_request
 from server import InferenceServer, ServerConfig
+from tasks.qa_answers import span_search
 from tests.helpers import (
     CONTEXTS,
     QUESTIONS,
@@ -119,7 +120,9 @@ def test_workers_tokenize_with_the_gil_released_only_beside_pytorch(
     beside PyTorch, which takes the GIL back more than once per run (the GIL convoy); PyTorch
     runs its traced graph by default."""
     with Client(*served.address) as client:
-        assert client.stats(timeout=30)["engine"]["encodes_release_gil"] is False
+        engine = client.stats(timeout=30)["engine"]
+    assert engine["encodes_release_gil"] is False
+    assert engine["span_search"] == span_search()  # the worker's, as this checkout builds it
     config = worker_config(tiny_model_dir, inference_engine_type="pytorch", device="cpu")
     with InferenceServer(config) as srv, Client(*srv.address) as client:
         answer = client.answer(QUESTIONS[0], CONTEXTS[0], timeout=60)

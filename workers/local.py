@@ -52,14 +52,14 @@ def prime_shapes(buckets: tuple[int, ...], max_batch_tokens: int) -> list[tuple[
 
 def describe_serving(policy: BatchPolicy, engine: Engine | None) -> dict[str, Any]:
     """The batching figures and (once loaded) the engine of a set of sessions, for stats:
-    ``max_batch_size``, ``cost_model_ms`` and ``engine`` (type, device, precision, words,
-    whether the process's encodes release the GIL, and the QA span search: C or numpy)."""
+    ``max_batch_size``, ``cost_model_ms`` and ``engine`` (type, device, precision, words, and
+    whether the process's encodes release the GIL)."""
     out: dict[str, Any] = {"cost_model_ms": policy.cost.table() if policy.cost else {},
                            "max_batch_size": policy.cap}
     if engine is not None:
         out["engine"] = {"type": engine.name, "device": engine.device,
                          "precision": engine.precision, "description": engine.describe(),
-                         "encodes_release_gil": releases_gil(), "span_search": span_search()}
+                         "encodes_release_gil": releases_gil()}
     return out
 
 
@@ -137,7 +137,8 @@ class LocalBackend:
         if self.info.task == "qa" and span_search() == "numpy":
             log.warning("QA answers are searched in numpy: the C span search is %s (same "
                         "answers, more CPU per request; docs/operations.md)",
-                        "turned off by QA_SPAN_SEARCH" if os.environ.get("QA_SPAN_SEARCH")
+                        "turned off by QA_SPAN_SEARCH=numpy"
+                        if os.environ.get("QA_SPAN_SEARCH", "").lower() == "numpy"
                         else "not built (python setup.py build_ext --inplace)")
         self._start_sessions(self.task)
         self._reaper.start()
@@ -207,8 +208,12 @@ class LocalBackend:
         return stats
 
     def describe(self) -> dict[str, Any]:
-        """The engine, device and batching figures, for stats and logs."""
-        return describe_serving(self.policy, self.engine)
+        """The engine, device and batching figures, for stats and logs; for a QA model, which
+        span search this process decodes answers with (``engine.span_search``: c or numpy)."""
+        out = describe_serving(self.policy, self.engine)
+        if self.info.task == "qa" and "engine" in out:
+            out["engine"]["span_search"] = span_search()
+        return out
 
     def stop(self, timeout: float) -> bool:
         """Refuse new work, let the sessions drain what was admitted, and stop them.
