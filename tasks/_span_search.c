@@ -3,9 +3,9 @@
  * top_cells(start, end, top_k, width) takes one window's start and end probabilities (1-D
  * float32 buffers of the same length n) and returns the top_k spans (s, e, score) with the
  * highest score start[s] * end[e], s <= e < s + width, best first, as a list of tuples; or None
- * when fewer than top_k + 1 spans exist or the best top_k + 1 are not strictly ranked. The
- * caller (tasks/qa_answers.py) then takes its exact numpy search, which orders ties as
- * transformers' pipeline does. When strictly ranked, the top_k are the same spans with the
+ * when a value is negative, NaN or infinite, fewer than top_k + 1 spans exist, or the best
+ * top_k + 1 are not strictly ranked. The caller (tasks/qa_answers.py) then takes its exact
+ * numpy search, which orders ties as transformers' pipeline does. When strictly ranked, the top_k are the same spans with the
  * same scores as numpy's: each score is one IEEE float32 product (this file must not be built
  * with -ffast-math), and no sum or other rounding is involved.
  *
@@ -14,6 +14,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <float.h>
 
 #define MAX_TOP_K 64
 
@@ -33,6 +34,16 @@ static void keep_cell(Cell *best, int *count, int keep, float score, Py_ssize_t 
     best[at].score = score;
     best[at].start = s;
     best[at].end = e;
+}
+
+/* Whether every value is a finite non-negative float (as probabilities are): only then do the
+   products order rows as the pruning below assumes, and only then is numpy's search known to
+   pick the same spans (NaN and infinities are left to it). */
+static int probabilities(const float *values, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!(values[i] >= 0.0f && values[i] <= FLT_MAX)) return 0;
+    }
+    return 1;
 }
 
 /* Scan every span of the window, keeping the best `keep`; returns how many were kept. */
@@ -104,6 +115,9 @@ static PyObject *top_cells(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     if (start.shape[0] != end.shape[0]) {
         PyErr_SetString(PyExc_ValueError, "start and end must have the same length");
+    } else if (!probabilities((const float *)start.buf, start.shape[0]) ||
+               !probabilities((const float *)end.buf, end.shape[0])) {
+        result = Py_NewRef(Py_None);  /* not probabilities: numpy decides */
     } else {
         int keep = top_k + 1;
         int count = scan((const float *)start.buf, (const float *)end.buf, start.shape[0],

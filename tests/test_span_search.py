@@ -95,6 +95,20 @@ def test_ties_are_left_to_numpy() -> None:
 
 
 @needs_c
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -0.5])
+def test_values_that_are_not_probabilities_are_left_to_numpy(bad: float) -> None:
+    """C declines a window holding NaN, an infinity or a negative value (top_spans then takes
+    numpy's search, whatever that makes of it)."""
+    rng = np.random.default_rng(5)
+    start = (rng.random(60, dtype=np.float32) / 30).astype(np.float32)
+    end = (rng.random(60, dtype=np.float32) / 30).astype(np.float32)
+    assert top_cells(start, end, 12, 15) is not None  # strictly ranked: C answers
+    start[30] = np.float32(bad)
+    assert top_cells(start, end, 12, 15) is None
+    assert top_cells(end, start, 12, 15) is None
+
+
+@needs_c
 @pytest.mark.parametrize("start, end, top_k, width, error", [
     (np.ones(5, dtype=np.float64), np.ones(5, dtype=np.float32), 3, 5, TypeError),
     (np.ones((2, 5), dtype=np.float32), np.ones(5, dtype=np.float32), 3, 5, TypeError),
