@@ -17,7 +17,9 @@ floor: CPU per pair of the ``tokenizers`` library alone (one thread, the server'
 the same mix, measured just before it, so that each figure is divided by a floor taken at the
 same host speed (this shared machine's speed drifts by a quarter from one hour to the next).
 ``--rounds`` repeats the layouts in alternating order; the summary gives the median multiple of
-the floor per layout, and the median over the rounds of each round's requests/s ratio.
+the floor per layout, and the median over the rounds of each round's requests/s ratio. Each
+server's ``cores`` is its CPU time over the load's wall time: how much of the machine it kept
+busy (one process is held near 1.4 cores by its GIL on the 2-core CI machine).
 ``--variants`` compares server flags in the same rounds, e.g.
 ``--variants 'batch=--cpu_scheduling batch' 'normal=--cpu_scheduling normal'``.
 docs/benchmarks.md records the results.
@@ -108,15 +110,17 @@ def measure_server(model_dir: str, pairs: list[tuple[str, str]], args: argparse.
             for question, context in pairs[:16]:  # warm-up, before the count starts
                 control.answer(question, context, timeout=60)
             requests_before, cpu_before = answered(control), process_tree_cpu_s(proc.pid)
+            started = time.monotonic()
             run = drive(port, pairs, args)
             cpu = process_tree_cpu_s(proc.pid) - cpu_before
+            wall = time.monotonic() - started
             requests = answered(control) - requests_before
     finally:
         stop_servers(proc)
     return {"workers": workers, "variant": variant[0], "server_args": variant[1],
             "sessions": sessions, "connections": args.connections,
             "pipeline": args.pipeline, "load": args.load, "requests": requests,
-            "server_cpu_s": cpu,
+            "server_cpu_s": cpu, "server_cores": cpu / wall,
             "cpu_us_per_request": 1e6 * cpu / max(1, requests),
             "throughput_rps": run["throughput_rps"], "errors": run["errors"],
             "p50_ms": run["p50_ms"]}
@@ -144,17 +148,20 @@ def report(rows: list[dict[str, Any]]) -> str:
     """The results as a table, each CPU figure also as a multiple of the floor taken beside it;
     then the median multiple per layout and the requests/s ratios of each round."""
     lines = ["round  layout                                    requests/s   server CPU/request"
-             "      floor   x floor   errors"]
+             "      floor   x floor   cores   errors"]
     for row in rows:
         layout = (f"{_layout(row)}, {row['sessions']} session(s) each, "
                   f"{row['connections']}x{row['pipeline']} pipelined")
         lines.append(f"{row['round']:>5}  {layout:<41} {row['throughput_rps']:10.1f}   "
                      f"{row['cpu_us_per_request']:14.1f} us {row['floor_us']:7.1f} us"
-                     f"   {row['x_floor']:7.2f}   {row['errors'] or 'none'}")
+                     f"   {row['x_floor']:7.2f}   {row['server_cores']:5.2f}"
+                     f"   {row['errors'] or 'none'}")
     for layout in dict.fromkeys(_layout(row) for row in rows):
         multiples = [row["x_floor"] for row in rows if _layout(row) == layout]
+        cores = [row["server_cores"] for row in rows if _layout(row) == layout]
         lines.append(f"{layout}: median {statistics.median(multiples):.2f}x the floor "
-                     f"({', '.join(f'{m:.2f}' for m in multiples)})")
+                     f"({', '.join(f'{m:.2f}' for m in multiples)}), "
+                     f"{statistics.median(cores):.2f} cores busy")
     for variant in dict.fromkeys(row.get("variant", "") for row in rows):
         ours = [row for row in rows if row.get("variant", "") == variant]
         for workers, ratios in scaling_ratios(ours).items():

@@ -57,6 +57,7 @@ def test_the_benchmark_saturates_zero_engine_servers_and_reports_cpu_per_request
         assert row["errors"] in ({}, None)
         assert row["requests"] > 0 and row["cpu_us_per_request"] > 0 and row["floor_us"] > 0
         assert row["x_floor"] == row["cpu_us_per_request"] / row["floor_us"]
+        assert 0 < row["server_cores"] <= (os.cpu_count() or 1) * 1.05  # CPU time over wall
     assert "scaling: 2 workers" in done.stdout and "median" in done.stdout
 
 
