@@ -18,8 +18,9 @@ the same mix, measured just before it, so that each figure is divided by a floor
 same host speed (this shared machine's speed drifts by a quarter from one hour to the next).
 ``--rounds`` repeats the layouts in alternating order; the summary gives the median multiple of
 the floor per layout, and the median over the rounds of each round's requests/s ratio. Each
-server's ``cores`` is its CPU time over the load's wall time: how much of the machine it kept
-busy (one process is held near 1.4 cores by its GIL on the 2-core CI machine).
+server's ``cores`` is its CPU time over the wall time of the load (from its first request to its
+last reply): how much of the machine it kept busy (one process is held near 1.4 cores by its
+GIL on the 2-core CI machine).
 ``--variants`` compares server flags in the same rounds, e.g.
 ``--variants 'batch=--cpu_scheduling batch' 'normal=--cpu_scheduling normal'``.
 docs/benchmarks.md records the results.
@@ -120,7 +121,7 @@ def measure_server(model_dir: str, pairs: list[tuple[str, str]], args: argparse.
     return {"workers": workers, "variant": variant[0], "server_args": variant[1],
             "sessions": sessions, "connections": args.connections,
             "pipeline": args.pipeline, "load": args.load, "requests": requests,
-            "server_cpu_s": cpu, "server_cores": cpu / wall,
+            "server_cpu_s": cpu, "server_cores": cpu / (run.get("wall_s") or wall),
             "cpu_us_per_request": 1e6 * cpu / max(1, requests),
             "throughput_rps": run["throughput_rps"], "errors": run["errors"],
             "p50_ms": run["p50_ms"]}
