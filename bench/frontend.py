@@ -111,17 +111,15 @@ def measure_server(model_dir: str, pairs: list[tuple[str, str]], args: argparse.
             for question, context in pairs[:16]:  # warm-up, before the count starts
                 control.answer(question, context, timeout=60)
             requests_before, cpu_before = answered(control), process_tree_cpu_s(proc.pid)
-            started = time.monotonic()
             run = drive(port, pairs, args)
             cpu = process_tree_cpu_s(proc.pid) - cpu_before
-            wall = time.monotonic() - started
             requests = answered(control) - requests_before
     finally:
         stop_servers(proc)
     return {"workers": workers, "variant": variant[0], "server_args": variant[1],
             "sessions": sessions, "connections": args.connections,
             "pipeline": args.pipeline, "load": args.load, "requests": requests,
-            "server_cpu_s": cpu, "server_cores": cpu / (run.get("wall_s") or wall),
+            "server_cpu_s": cpu, "server_cores": cpu / run["wall_s"] if run["wall_s"] > 0 else 0.0,
             "cpu_us_per_request": 1e6 * cpu / max(1, requests),
             "throughput_rps": run["throughput_rps"], "errors": run["errors"],
             "p50_ms": run["p50_ms"]}

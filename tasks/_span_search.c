@@ -143,4 +143,11 @@ static struct PyModuleDef module = {
     "The QA task's span search in C (see tasks/qa_answers.py).", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__span_search(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__span_search(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "MAX_TOP_K", MAX_TOP_K) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -29,29 +29,34 @@ TOP_K = 1  # answers per request
 MASKED_LOGIT = np.float32(-10000.0)  # logit given to tokens that cannot be part of an answer
 NO_NULL_SCORE = 1000000.0  # starting value of the running minimum of the null score
 NO_ANSWER = {"answer": "", "score": 0.0, "start": 0, "end": 0}
-NATIVE_TOP_K = 64  # the most spans per window the C search keeps (MAX_TOP_K there)
 
 Span = tuple[int, int, float]  # start token, end token, score
 Spans = tuple[np.ndarray, np.ndarray, np.ndarray]  # start tokens, end tokens, scores
 
 
-def _native_top_cells() -> Any:
-    """The C span search (``top_cells``), or None when it is not built or is turned off."""
+def _native_search() -> tuple[Any, int, str | None]:
+    """The C span search: ``top_cells``, the most spans a window it keeps, and None; or
+    ``(None, 0, why numpy searches)`` when it is turned off or not built."""
     if os.environ.get("QA_SPAN_SEARCH", "").lower() == "numpy":
-        return None
+        return None, 0, "turned off by QA_SPAN_SEARCH=numpy"
     try:
-        from tasks._span_search import top_cells
+        from tasks import _span_search
     except ImportError:
-        return None
-    return top_cells
+        return None, 0, "not built (python setup.py build_ext --inplace)"
+    return _span_search.top_cells, _span_search.MAX_TOP_K, None
 
 
-_top_cells = _native_top_cells()
+_top_cells, _native_top_k, _numpy_reason = _native_search()
 
 
 def span_search() -> str:
     """Which span search this process uses: ``"c"`` or ``"numpy"``."""
     return "numpy" if _top_cells is None else "c"
+
+
+def numpy_search_reason() -> str | None:
+    """Why this process searches in numpy (the C search is off or not built); None with C."""
+    return _numpy_reason
 
 
 def best_answer(features: QAFeatures, start_logits: np.ndarray, end_logits: np.ndarray, *,
@@ -95,7 +100,7 @@ def top_spans(start: np.ndarray, end: np.ndarray, top_k: int, max_answer_len: in
     ``start[s] * end[e]`` for ``s <= e < s + max_answer_len``, else 0. In C where built and the
     best spans are strictly ranked, else ``numpy_top_spans``: the same spans either way."""
     width = min(max_answer_len, start.shape[0])
-    if 1 < top_k <= NATIVE_TOP_K and width > 0 and _top_cells is not None:
+    if 1 < top_k <= _native_top_k and width > 0 and _top_cells is not None:
         found: list[Span] | None = _top_cells(start, end, top_k, width)
         if found is not None:
             return found

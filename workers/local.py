@@ -24,7 +24,7 @@ from settings.server_config import ServerConfig
 from tasks import load_task
 from tasks.base import Task
 from tasks.encoding import releases_gil
-from tasks.qa_answers import span_search
+from tasks.qa_answers import numpy_search_reason, span_search
 from telemetry.stats import ServerStats
 
 log = logging.getLogger(__name__)
@@ -134,12 +134,10 @@ class LocalBackend:
             RuntimeError: a session could not load its engine.
         """
         self.task = load_task(self.config.model_dir, self.info, self.config)
-        if self.info.task == "qa" and span_search() == "numpy":
+        if self.info.task == "qa" and numpy_search_reason() is not None:
             log.warning("QA answers are searched in numpy: the C span search is %s (same "
                         "answers, more CPU per request; docs/operations.md)",
-                        "turned off by QA_SPAN_SEARCH=numpy"
-                        if os.environ.get("QA_SPAN_SEARCH", "").lower() == "numpy"
-                        else "not built (python setup.py build_ext --inplace)")
+                        numpy_search_reason())
         self._start_sessions(self.task)
         self._reaper.start()
 
