@@ -44,6 +44,7 @@ from protocol.messages import QARequest
 from scheduling.pool import BACKOFF_S
 from scheduling.queue import Responder, WorkItem
 from settings.server_config import ServerConfig
+from tasks.base import answer_of
 from tasks.qa import QATask
 from telemetry.stats import ServerStats, Timing
 from transport.coalesce import coalesced_sends
@@ -274,13 +275,12 @@ class RedisBackend:
             return
         assert self.task is not None
         try:
-            start, end = reply.logits(item.features.rows)
-            result = self.task.postprocess(item.features, start, end)
-        except Exception as exc:  # noqa: BLE001 - one bad answer fails alone
-            log.exception("postprocessing a worker's reply failed")
-            item.answer(None, InternalError(f"postprocessing failed: {type(exc).__name__}"))
+            outputs = reply.logits(item.features.rows)
+        except Exception as exc:  # noqa: BLE001 - one bad reply fails alone
+            log.exception("a worker's reply does not fit its request")
+            item.answer(None, InternalError(f"a worker's reply does not fit: {type(exc).__name__}"))
             return
-        item.answer(result, None)
+        item.answer(*answer_of(self.task, item.features, outputs, "broker front end"))
 
     # -- failures ------------------------------------------------------------------------------
     def _lost(self, reason: str) -> None:

@@ -14,6 +14,7 @@ from engines.base import Engine
 from protocol.errors import EngineError, InternalError
 from scheduling.planner import MIN_GAIN, BatchPolicy
 from scheduling.queue import WorkItem, WorkQueue
+from tasks.base import answer_of
 from telemetry.stats import ServerStats
 from transport.coalesce import coalesced_sends
 
@@ -187,13 +188,7 @@ class InferenceSession(threading.Thread):
                 self._answer(item, outputs)
 
     def _answer(self, item: WorkItem, outputs: tuple[Any, ...]) -> None:
-        try:
-            result = self.task.postprocess(item.features, *outputs)
-        except Exception as exc:  # noqa: BLE001 - one bad answer fails alone
-            log.exception("%s: postprocessing failed", self.name)
-            item.answer(None, InternalError(f"postprocessing failed: {type(exc).__name__}"))
-            return
-        item.answer(result, None)
+        item.answer(*answer_of(self.task, item.features, outputs, self.name))
 
 
 def _close_quietly(engine: Engine | None) -> None:

@@ -12,20 +12,27 @@ The path of one request::
     collate(batch)            on a session thread: the batch's engine inputs
     engine.run(feeds)
     split_outputs(batch, out) one tuple of arrays per request (ValueError: the batch fails)
-    postprocess(f, *arrays)   one answer (a map); an exception fails this request only
+    postprocess(f, *arrays)   one answer (a map); an exception fails this request only:
+                              a ServerError as itself (EngineError for outputs holding NaN or
+                              an infinity), anything else as an internal error
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
+from protocol.errors import EngineError, InternalError, ServerError
+
 if TYPE_CHECKING:
     from engines.model_dir import ModelInfo
     from settings.server_config import ServerConfig
+
+log = logging.getLogger(__name__)
 
 
 class Features(Protocol):
@@ -89,3 +96,37 @@ class Task(Protocol):
 
     def postprocess(self, features: Any, *outputs: np.ndarray) -> dict[str, Any]:
         """One request's answer, as the reply's ``result`` map."""
+
+
+def non_finite(name: str) -> EngineError:
+    """The error for an engine output that holds NaN or an infinity where it matters to this
+    request's answer (a numeric overflow, e.g. of an fp16 engine): the engine's fault, typed as
+    such, rather than a wrong answer or a failure deeper in the decoding."""
+    return EngineError(f"the engine's {name} for this request hold NaN or infinite values")
+
+
+def check_finite(values: np.ndarray, name: str) -> None:
+    """Raise ``non_finite(name)`` unless every value is finite."""
+    if not np.isfinite(values).all():
+        raise non_finite(name)
+
+
+class Postprocessing(Protocol):
+    """What ``answer_of`` needs of a task (every Task has it)."""
+
+    def postprocess(self, features: Any, *outputs: Any) -> dict[str, Any]: ...
+
+
+def answer_of(task: Postprocessing, features: Any, outputs: Sequence[Any],
+              where: str) -> tuple[dict[str, Any] | None, ServerError | None]:
+    """``task.postprocess`` of one request: ``(result, None)``, or ``(None, error)`` when it
+    fails, logged under ``where`` (the session, or the broker's front end): a ServerError as
+    raised, any other exception as an InternalError."""
+    try:
+        return task.postprocess(features, *outputs), None
+    except ServerError as exc:
+        log.warning("%s: %s", where, exc.message)
+        return None, exc
+    except Exception as exc:  # noqa: BLE001 - one bad answer fails alone
+        log.exception("%s: postprocessing failed", where)
+        return None, InternalError(f"postprocessing failed: {type(exc).__name__}")

@@ -3,12 +3,14 @@ probability (a softmax over the model's logits)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from tasks.base import non_finite
 from tasks.text import TEXT_INPUT_NAMES, TextEncoder, TextFeatures, TextRows, rows_of
 
 if TYPE_CHECKING:
@@ -71,12 +73,16 @@ class ClassifyTask(TextRows):
 
         Raises:
             ValueError: ``logits`` is not one row, or does not have one column per label.
+            EngineError: a logit is NaN or +infinity, or every one is -infinity (the
+                softmax has no answer).
         """
         row = rows_of(logits, features, "logits")[0]
         labels = self.labels or tuple(f"LABEL_{i}" for i in range(row.shape[0]))
         if row.shape[0] != len(labels):
             raise ValueError(f"{row.shape[0]} logits for {len(labels)} labels")
         probabilities = softmax(row)
+        if not math.isfinite(probabilities.sum()):  # NaN spreads to every label
+            raise non_finite("logits")
         best = int(np.argmax(probabilities))
         return {"label": labels[best], "score": float(probabilities[best]),
                 "scores": {label: float(p) for label, p in zip(labels, probabilities,

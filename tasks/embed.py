@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from tasks.base import check_finite
 from tasks.text import TEXT_INPUT_NAMES, TextEncoder, TextFeatures, TextRows, rows_of
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ class EmbedTask(TextRows):
 
         Raises:
             ValueError: ``embeddings`` does not have one row per text.
+            EngineError: a vector holds NaN or an infinity.
         """
         vectors = rows_of(embeddings, features, "embeddings").astype(np.float32, copy=False)
+        check_finite(vectors, "embeddings")
         return {"embeddings": vectors.tolist(), "dim": int(vectors.shape[1])}

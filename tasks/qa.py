@@ -233,6 +233,10 @@ class QATask:
         Returns:
             ``{"answer": str, "score": float, "start": int, "end": int}`` with
             ``features.context[start:end] == answer``; "no answer" is ``""`` with start = end = 0.
+
+        Raises:
+            ValueError: the logits do not fit the features.
+            EngineError: a logit of a token that may be part of an answer is NaN or infinite.
         """
         start_logits, end_logits = np.asarray(start_logits), np.asarray(end_logits)
         _check_logits(features, start_logits, end_logits)

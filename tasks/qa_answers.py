@@ -18,11 +18,13 @@ numpy searches. ``span_search()`` says which one a process uses.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 import numpy as np
 
+from tasks.base import non_finite
 from tasks.qa_features import QAFeatures, WindowSpans
 
 TOP_K = 1  # answers per request
@@ -89,10 +91,18 @@ def best_answer(features: QAFeatures, start_logits: np.ndarray, end_logits: np.n
 
 def window_probabilities(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     """Softmax of one window's logits ``[n]`` (float32) where tokens outside ``allowed`` get
-    ~zero mass."""
+    ~zero mass.
+
+    Raises:
+        EngineError: an allowed token's logit is NaN or infinite (its sum shows it: NaN
+            spreads, and an infinity becomes NaN once the maximum is taken away).
+    """
     masked = np.where(allowed, np.asarray(logits, dtype=np.float32), MASKED_LOGIT)
     exp = np.exp(masked - masked.max())
-    return exp / exp.sum()
+    total = exp.sum()
+    if not math.isfinite(total):
+        raise non_finite("logits")
+    return exp / total
 
 
 def top_spans(start: np.ndarray, end: np.ndarray, top_k: int, max_answer_len: int) -> list[Span]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import struct
 import threading
@@ -150,3 +151,34 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition never became true"
         time.sleep(0.01)
+
+
+def nan_model_dir(tiny_model_dir: Path, out: Path) -> Path:
+    """A copy of the tiny model folder whose model.onnx is a small real graph with logits that
+    are NaN on every "explode" token and finite elsewhere: an engine that overflows on some
+    inputs, as an fp16 one can."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from tasks.qa import QATask
+
+    shutil.copytree(tiny_model_dir, out)
+    poison = QATask.from_dir(tiny_model_dir).tokenizer.convert_tokens_to_ids("explode")
+    dims = ["batch", "sequence"]
+    inputs = [helper.make_tensor_value_info(name, TensorProto.INT64, dims)
+              for name in ("input_ids", "attention_mask", "token_type_ids")]
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
+               for name in ("start_logits", "end_logits")]
+    constants = [helper.make_tensor("poison", TensorProto.INT64, [], [poison]),
+                 helper.make_tensor("nan", TensorProto.FLOAT, [], [float("nan")]),
+                 helper.make_tensor("scale", TensorProto.FLOAT, [], [0.001])]
+    nodes = [helper.make_node("Equal", ["input_ids", "poison"], ["poisoned"]),
+             helper.make_node("Cast", ["input_ids"], ["ids"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["ids", "scale"], ["scaled"]),
+             helper.make_node("Where", ["poisoned", "nan", "scaled"], ["start_logits"]),
+             helper.make_node("Neg", ["start_logits"], ["end_logits"])]
+    graph = helper.make_graph(nodes, "nan_on_explode", inputs, outputs, initializer=constants)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, out / "model.onnx")
+    return out

@@ -16,7 +16,7 @@ import redis
 
 from broker.local_server import RedisServer
 from client import Client
-from protocol import BadRequest, encode_frame, qa_request
+from protocol import BadRequest, EngineError, encode_frame, qa_request
 from server import InferenceServer
 from tests.broker_fixtures import (
     ROOT,
@@ -27,7 +27,14 @@ from tests.broker_fixtures import (
     stop_worker,
     wait_serving,
 )
-from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, Reference, wait_until
+from tests.helpers import (
+    CONTEXTS,
+    QUESTIONS,
+    RawConnection,
+    Reference,
+    nan_model_dir,
+    wait_until,
+)
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +158,25 @@ def test_an_unreadable_work_entry_is_dropped_and_the_workers_keep_serving(
     wait_until(lambda: sum(b.get("unreadable", 0) for b in heartbeats(client).values()) == 2, 10)
     with Client(*deployment.address) as conn:
         assert conn.answer(*request(2), timeout=30)["answer"]
+
+
+def test_nan_logits_from_a_worker_fail_only_their_own_request_at_the_front_end(
+        broker: RedisServer, tiny_model_dir: Path, tmp_path: Path) -> None:
+    model_dir = nan_model_dir(tiny_model_dir, tmp_path / "nan_model")
+    worker = start_worker(broker.url, model_dir, "--broker_prefix", "nan")
+    front = front_end(broker.url, model_dir, broker_prefix="nan")
+    try:
+        wait_serving(front, 1)
+        with Client(*front.address) as conn:
+            futures = [conn.submit("Who?", text) for text in
+                       ("Ann met Bob.", "It will explode soon.", "Rain fell.")]
+            assert futures[0].result(timeout=30)["answer"]
+            with pytest.raises(EngineError, match="hold NaN or infinite values"):
+                futures[1].result(timeout=30)
+            assert futures[2].result(timeout=30)["answer"]
+    finally:
+        front.shutdown()
+        assert stop_worker(worker) == 0
 
 
 def test_a_wrong_password_fails_the_start_clearly(broker: RedisServer,

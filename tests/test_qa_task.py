@@ -22,7 +22,7 @@ from transformers import (
     DistilBertForQuestionAnswering,
 )
 
-from protocol.errors import BadRequest
+from protocol.errors import BadRequest, EngineError
 from tasks.qa import QAConfig, QAFeatures, QATask, QATokenizer
 
 WORDS = ("the river bridge market tower king queen north south old new city built sold "
@@ -199,6 +199,26 @@ def test_best_span_follows_the_logits(task: QATask) -> None:
     assert answer["answer"] == "went home" and (answer["start"], answer["end"]) == (4, 13)
     backwards = task.postprocess(features, end, start)  # peak end before peak start
     assert backwards["start"] <= backwards["end"] and backwards["answer"] in context
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_logit_where_an_answer_may_be_is_an_engine_error(task: QATask,
+                                                                      bad: float) -> None:
+    features = task.preprocess("Who?", "Bob went home after the game.")
+    tokens = context_tokens(features)
+    start, end = hand_logits(features, {(0, tokens[1]): 9.0}), hand_logits(features, {})
+    question_token = int(np.flatnonzero(~features.allowed[0, :features.lengths[0]])[1])
+    masked = start.copy()
+    masked[0, question_token] = bad  # a question token's logit takes no part in the answer
+    assert task.postprocess(features, masked, end) == task.postprocess(features, start, end)
+    start[0, tokens[3]] = bad
+    if bad == -np.inf:  # a token ruled out: the answer is still there, and still well-formed
+        assert task.postprocess(features, start, end)["start"] == 4  # "went", as before
+        return
+    with np.errstate(invalid="ignore"), pytest.raises(EngineError, match="NaN or infinite"):
+        task.postprocess(features, start, end)  # (inf - inf: numpy would warn, rightly)
+    with np.errstate(invalid="ignore"), pytest.raises(EngineError):
+        task.postprocess(features, end, start)  # in the end logits as well
 
 
 def test_fast_span_search_picks_what_the_full_score_matrix_picks() -> None:

@@ -25,6 +25,7 @@ from tests.helpers import (
     GatedEngine,
     RawConnection,
     header,
+    nan_model_dir,
     wait_until,
 )
 
@@ -199,6 +200,31 @@ def test_a_session_that_dies_is_replaced_and_the_server_keeps_answering(
             assert client.answer("Who?", "Ann met Bob.", timeout=30)["end"] > 0
         assert srv.stats.snapshot()["events"]["session_restart"] == 1
     assert "session-0 died" in caplog.text and "SessionKiller" in caplog.text
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_nan_logits_fail_only_their_own_requests_with_an_engine_error(
+        tiny_model_dir: Path, tmp_path: Path, workers: int) -> None:
+    model_dir = nan_model_dir(tiny_model_dir, tmp_path / "nan_model")
+    config = ServerConfig(port=0, model_dir=str(model_dir), workers=workers,
+                          num_inference_sessions=1, threads_per_session=1, max_batch_size=8)
+    with InferenceServer(config) as srv:
+        conn = RawConnection(srv.address)
+        texts = ["Ann met Bob.", "It will explode soon.", "Rain fell.", "explode", "At noon."]
+        requests = [qa_request(i, "Who?", t) for i, t in enumerate(texts)]
+        requests.append(qa_request(5, "Will it explode?", "Rain fell."))  # a question token
+        conn.send_raw(frames(*requests))  # pipelined: they share batches
+        replies = conn.recv_replies(len(requests))
+        codes = {i: r["error"]["code"] if not r["ok"] else "ok" for i, r in replies.items()}
+        assert codes == {0: "ok", 1: "engine_error", 2: "ok", 3: "engine_error", 4: "ok",
+                         5: "ok"}
+        assert "logits for this request hold NaN or infinite values" in \
+            replies[1]["error"]["message"]
+        conn.close()
+        with Client(*srv.address) as client:
+            assert client.answer("Who?", "Ann met Bob.", timeout=30)["answer"]
+            assert client.stats(timeout=30)["requests"]["qa"]["engine_error"] == 2
+        assert srv.ready
 
 
 def test_field_caps_give_bad_request_naming_the_limit(tiny_model_dir: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from engines import load_engine
 from engines.model_dir import load_model_info
-from protocol.errors import BadRequest
+from protocol.errors import BadRequest, EngineError
 from protocol.messages import ClassifyRequest, EmbedRequest
 from settings.server_config import ServerConfig
 from tasks import load_task
@@ -190,6 +190,17 @@ def test_wrong_output_shapes_fail_the_batch_or_the_request(embed_dir: Path) -> N
         TextEncoder(task.encoder.tokenizer, 2)  # no room for a token beside [CLS] [SEP]
 
 
+def test_a_vector_holding_nan_or_an_infinity_is_an_engine_error(embed_dir: Path) -> None:
+    task = task_for(embed_dir)
+    features = task.features(embed(["a", "b"]))
+    vectors = np.full((2, 32), 0.125, dtype=np.float32)
+    assert task.postprocess(features, vectors)["dim"] == 32
+    for bad in (np.nan, np.inf):
+        vectors[1, 5] = bad
+        with pytest.raises(EngineError, match="embeddings for this request hold NaN"):
+            task.postprocess(features, vectors)
+
+
 # --------------------------------------------------------------------------- classify
 
 
@@ -226,6 +237,12 @@ def test_classify_refuses_a_blank_text_and_checks_the_logits(classify_dir: Path)
     assert features.rows == 1
     with pytest.raises(ValueError, match="4 logits for 3 labels"):
         task.postprocess(features, np.zeros((1, 4), dtype=np.float32))
+    for bad in ([0.0, np.nan, 1.0], [0.0, np.inf, 1.0], [-np.inf] * 3):
+        with np.errstate(invalid="ignore"), \
+                pytest.raises(EngineError, match="logits for this request hold NaN"):
+            task.postprocess(features, np.array([bad], dtype=np.float32))
+    ruled_out = task.postprocess(features, np.array([[0.0, -np.inf, 1.0]], dtype=np.float32))
+    assert ruled_out["scores"][TINY_LABELS[1]] == 0.0 and ruled_out["label"] == TINY_LABELS[2]
     unlabelled = ClassifyTask(task.encoder)  # serving.json without labels
     result = unlabelled.postprocess(features, np.array([[0.0, 2.0]], dtype=np.float32))
     assert result["label"] == "LABEL_1" and set(result["scores"]) == {"LABEL_0", "LABEL_1"}
