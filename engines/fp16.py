@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import numpy as np
 
 from engines.base import TASK_OUTPUT_NAMES
 from engines.model_dir import ModelInfo, load_model_info, save_model_info
+from protocol.errors import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -134,10 +136,14 @@ def _qa_compare(folder: Path, info: ModelInfo, cases: list[tuple[str, str]],
         feeds = task.collate([features])
         full, half = run(feeds)
         real = feeds["attention_mask"].astype(bool)
-        largest = max(largest, *(float(np.abs(full[n] - half[n])[real].max())
+        largest = max(largest, *(_difference(full[n][real], half[n][real])
                                  for n in info.output_names))
-        answers = [task.answer_batch([features], outputs)[0] for outputs in (full, half)]
-        agreeing += all(answers[0][key] == answers[1][key] for key in ("answer", "start", "end"))
+        expected = task.answer_batch([features], full)[0]
+        try:
+            answer = task.answer_batch([features], half)[0]
+        except EngineError:  # fp16 overflowed to NaN or infinity: a disagreement, not a crash
+            continue
+        agreeing += all(expected[key] == answer[key] for key in ("answer", "start", "end"))
     return agreeing, largest, len(cases)
 
 
@@ -155,16 +161,25 @@ def _text_compare(folder: Path, info: ModelInfo, cases: list[tuple[str, str]],
         features = encoder.encode([text])
         feeds = stack_rows([features], info.input_names, encoder.pad_id, features.max_len)
         full, half = run(feeds)
-        largest = max(largest, *(float(np.abs(full[n] - half[n]).max())
-                                 for n in info.output_names))
+        largest = max(largest, *(_difference(full[n], half[n]) for n in info.output_names))
         agreeing += _agree(info.task, full[info.output_names[0]][0],
                            half[info.output_names[0]][0])
     return agreeing, largest, len(texts)
 
 
 def _agree(task: str, full: np.ndarray, half: np.ndarray) -> bool:
-    """Whether one text's fp16 output agrees with fp32's (cosine for embed, label else)."""
+    """Whether one text's fp16 output agrees with fp32's (cosine for embed, label else); never
+    where fp16's holds NaN or an infinity."""
+    if not np.isfinite(half).all():
+        return False
     if task == "embed":
         cosine = float(np.dot(full, half) / (np.linalg.norm(full) * np.linalg.norm(half)))
         return cosine >= MIN_EMBED_COSINE
     return int(np.argmax(full)) == int(np.argmax(half))
+
+
+def _difference(full: np.ndarray, half: np.ndarray) -> float:
+    """The largest absolute difference, or infinity where fp16's output is not finite (NaN
+    would otherwise vanish from a running maximum)."""
+    difference = np.abs(full - half)
+    return float(difference.max()) if np.isfinite(difference).all() else math.inf

@@ -12,10 +12,10 @@ import pytest
 
 from client import Client
 from engines import load_engine
-from engines.fp16 import FP16_FILE, Fp16ParityError, export_fp16
-from engines.model_dir import METADATA_FILE
+from engines.fp16 import FP16_FILE, Fp16ParityError, check_parity, export_fp16
+from engines.model_dir import METADATA_FILE, load_model_info
 from server import InferenceServer, ServerConfig
-from tests.helpers import CONTEXTS, QUESTIONS
+from tests.helpers import CONTEXTS, QUESTIONS, nan_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +45,18 @@ def test_an_fp16_export_that_disagrees_is_not_kept(tiny_model_dir: Path, tmp_pat
         export_fp16(folder, min_agreement=1.01)  # no export can pass: the refusal path
     assert not (folder / FP16_FILE).exists()
     assert json.loads((folder / METADATA_FILE).read_text()).get("fp16") is None
+
+
+def test_an_fp16_export_giving_nan_counts_as_disagreeing_not_as_a_crash(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    shutil.copy(nan_model_dir(tiny_model_dir, tmp_path / "nan") / "model.onnx", folder / FP16_FILE)
+    info = load_model_info(folder)
+    cases = [("Who?", "It will explode soon."), ("Who?", "Ann met Bob.")] * 2
+    parity = check_parity(folder, info, cases)  # the fp16 file here: NaN on "explode"
+    assert parity["cases"] == 4 and parity["agreeing"] <= 2
+    assert parity["max_abs_logit_diff"] == float("inf")
 
 
 def served(model_dir: Path, precision: str) -> tuple[list[dict[str, object]], str]:

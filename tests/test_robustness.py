@@ -213,7 +213,7 @@ def test_nan_logits_fail_only_their_own_requests_with_an_engine_error(
         texts = ["Ann met Bob.", "It will explode soon.", "Rain fell.", "explode", "At noon."]
         requests = [qa_request(i, "Who?", t) for i, t in enumerate(texts)]
         requests.append(qa_request(5, "Will it explode?", "Rain fell."))  # a question token
-        conn.send_raw(frames(*requests))  # pipelined: they share batches
+        conn.send_raw(frames(*requests))  # pipelined: they may share batches
         replies = conn.recv_replies(len(requests))
         codes = {i: r["error"]["code"] if not r["ok"] else "ok" for i, r in replies.items()}
         assert codes == {0: "ok", 1: "engine_error", 2: "ok", 3: "engine_error", 4: "ok",
