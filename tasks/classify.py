@@ -3,14 +3,13 @@ probability (a softmax over the model's logits)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from tasks.base import non_finite
+from tasks.base import check_finite
 from tasks.text import TEXT_INPUT_NAMES, TextEncoder, TextFeatures, TextRows, rows_of
 
 if TYPE_CHECKING:
@@ -81,8 +80,7 @@ class ClassifyTask(TextRows):
         if row.shape[0] != len(labels):
             raise ValueError(f"{row.shape[0]} logits for {len(labels)} labels")
         probabilities = softmax(row)
-        if not math.isfinite(probabilities.sum()):  # NaN spreads to every label
-            raise non_finite("logits")
+        check_finite(probabilities, "logits")  # NaN or +inf among the logits spreads to all
         best = int(np.argmax(probabilities))
         return {"label": labels[best], "score": float(probabilities[best]),
                 "scores": {label: float(p) for label, p in zip(labels, probabilities,

@@ -134,10 +134,10 @@ class LocalBackend:
             RuntimeError: a session could not load its engine.
         """
         self.task = load_task(self.config.model_dir, self.info, self.config)
-        if self.info.task == "qa" and numpy_search_reason() is not None:
+        reason = numpy_search_reason()
+        if self.info.task == "qa" and reason is not None:
             log.warning("QA answers are searched in numpy: the C span search is %s (same "
-                        "answers, more CPU per request; docs/operations.md)",
-                        numpy_search_reason())
+                        "answers, more CPU per request; docs/operations.md)", reason)
         self._start_sessions(self.task)
         self._reaper.start()
 
