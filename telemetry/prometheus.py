@@ -123,7 +123,7 @@ def _model_families(entries: dict[str, dict[str, Any]],
 
 def _worker_families(workers: list[dict[str, Any]]) -> Iterator[Metric]:
     """Per-worker series (labels model, worker, device), and batches and engine time per
-    device."""
+    device: over its workers and the processes they replaced, so that they never go back."""
     labels = ["model", "worker", "device"]
     up = GaugeMetricFamily(f"{PREFIX}_worker_up", "1 while the worker is serving", labels=labels)
     held = GaugeMetricFamily(f"{PREFIX}_worker_in_flight_requests", "Requests a worker holds",
@@ -140,12 +140,14 @@ def _worker_families(workers: list[dict[str, Any]]) -> Iterator[Metric]:
         up.add_metric(label, int(worker["state"] == "serving"))
         held.add_metric(label, worker["in_flight"])
         restarts.add_metric(label, worker["restarts"])
-        if worker.get("answered_stats"):
+        sums = per_device.setdefault(str(worker["device"]), [0, 0.0])
+        if "batches" in worker:  # this query's answer, else its last one
             batches.add_metric(label, worker["batches"])
             busy.add_metric(label, worker["engine_seconds"])
-            sums = per_device.setdefault(str(worker["device"]), [0, 0.0])
             sums[0] += worker["batches"]
             sums[1] += worker["engine_seconds"]
+        sums[0] += worker.get("earlier_batches", 0)  # the slot's replaced processes
+        sums[1] += worker.get("earlier_engine_seconds", 0.0)
     device_batches = CounterMetricFamily(f"{PREFIX}_device_batches", "Batches run on each "
                                          "device (GPU), over its workers", labels=["device"])
     device_busy = CounterMetricFamily(f"{PREFIX}_device_engine_seconds", "Engine time on each "

@@ -17,8 +17,10 @@ from protocol.messages import QARequest
 from server import InferenceServer
 from telemetry.stats import ServerStats
 from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, wait_until
+from tests.test_workers import scrape
 from tests.test_workers import worker_config as cfg
 from transport.coalesce import coalesced_sends
+from workers.handle import WorkerHandle
 from workers.processes import ProcessBackend
 
 
@@ -112,3 +114,81 @@ def test_concurrent_stats_queries_each_get_every_workers_figures(tiny_model_dir:
         for t in threads:
             t.join()
     assert not missing
+
+
+def test_per_device_counters_never_go_back_for_a_slow_or_replaced_worker(
+        tiny_model_dir: Path) -> None:
+    """A worker late to answer counts with its last answer, and a dead one's last figures stay
+    in its device's series (Prometheus reads any drop as a counter reset)."""
+    device = ("qa_server_device_batches_total", ("device", "cpu"))
+    with InferenceServer(cfg(tiny_model_dir, metrics_port=0)) as srv:
+        with Client(*srv.address) as client:
+            for f in [client.submit(QUESTIONS[i % 6], CONTEXTS[i % 6]) for i in range(60)]:
+                f.result(timeout=60)
+            pids = [w["pid"] for w in client.stats(timeout=30)["workers"]]
+            before = scrape(srv)
+            os.kill(pids[0], signal.SIGSTOP)  # stands in for a worker too busy to answer
+            try:
+                slow = scrape(srv)
+            finally:
+                os.kill(pids[0], signal.SIGCONT)
+            os.kill(pids[1], signal.SIGKILL)
+
+            def replaced() -> bool:
+                worker = client.stats(timeout=30)["workers"][1]
+                return worker["pid"] != pids[1] and worker["state"] == "serving"
+            wait_until(replaced, timeout=60)
+            after = scrape(srv)
+    assert before[device] > 0
+    assert slow[device] == before[device]
+    assert [key for key in slow if key[0] == "qa_server_worker_batches_total"
+            and ("worker", "0") in key], "the late worker's series vanished"
+    assert after[device] >= before[device]
+
+
+def _figures(batches: int) -> dict[str, object]:
+    stats = ServerStats()
+    for _ in range(batches):
+        stats.on_batch(1, 1, [0.001], 0.002)
+    return stats.batch_figures()
+
+
+def test_a_worker_dying_after_answering_a_waiting_query_counts_once() -> None:
+    """Its answer, not yet read by the query, moves to the slot's earlier figures; the query
+    does not count it again as the worker's own."""
+    handle = WorkerHandle(0, "cpu")
+    handle.on_ready({})
+    handle.expect(1)
+    handle.on_figures(1, _figures(3))
+    orphans, was_serving = handle.detach()
+    entry = handle.figures(1, time.monotonic() + 5)
+    assert (orphans, was_serving) == ([], True)
+    assert entry["figures"] is None and entry["known_figures"] is None
+    assert entry["earlier_figures"]["batches"] == 3
+
+
+def test_the_newest_figures_of_a_dead_worker_are_kept() -> None:
+    handle = WorkerHandle(0, "cpu")
+    handle.on_ready({})
+    handle.expect(1)
+    handle.on_figures(1, _figures(7))
+    assert handle.figures(1, time.monotonic() + 5)["known_figures"]["batches"] == 7
+    handle.expect(2)  # an older answer may still be unread: the most batches wins
+    handle.on_figures(2, _figures(5))
+    handle.detach()
+    assert handle.figures(2, time.monotonic() + 5)["earlier_figures"]["batches"] == 7
+
+
+def test_a_query_waiting_on_a_worker_that_dies_stops_waiting() -> None:
+    handle = WorkerHandle(0, "cpu")
+    handle.on_ready({})
+    handle.expect(1)
+    entries: list[dict[str, object]] = []
+    waiter = threading.Thread(target=lambda: entries.append(
+        handle.figures(1, time.monotonic() + 60)))
+    waiter.start()
+    time.sleep(0.2)
+    handle.detach()
+    waiter.join(timeout=20)
+    assert not waiter.is_alive(), "the query waited for figures from a dead worker"
+    assert entries[0]["state"] == "lost" and entries[0]["figures"] is None

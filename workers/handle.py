@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from scheduling.queue import WorkItem
+from telemetry.stats import ServerStats
 
 #: A worker's states: loading its model, taking work, or gone (being restarted, or stopped).
 STATES = ("starting", "serving", "lost")
@@ -36,6 +37,8 @@ class WorkerHandle:
         self._send_lock = threading.Lock()
         self._figures: dict[int, dict[str, Any] | None] = {}  # token -> answer (None: awaited)
         self.last_figures: dict[str, Any] | None = None  # the newest answer of this process
+        #: The batch figures of this slot's earlier processes, as each last reported them.
+        self.earlier = ServerStats()
         self._figures_cond = threading.Condition()
 
     def attach(self, process: Any, conn: Any) -> None:
@@ -50,16 +53,30 @@ class WorkerHandle:
         self.state = "serving"
         self.loaded.set()
 
-    def detach(self) -> tuple[list[WorkItem], bool, dict[str, Any] | None]:
-        """The process ended: return the requests it held, whether it had been serving, and
-        its last reported figures (handed over: this slot's next process starts from none)."""
-        with self._figures_cond:
-            last, self.last_figures = self.last_figures, None
+    def detach(self) -> tuple[list[WorkItem], bool]:
+        """The process ended: return the requests it held and whether it had been serving.
+
+        Its newest figures (an answer to a query not yet read counts: its pipe thread read it
+        before the end) move to ``earlier``; this slot's next process starts from none, and a
+        query still waiting for this process stops waiting and gets no figures of it."""
+        was_serving = self.state == "serving"
+        with self._figures_cond:  # one hold: its figures are in known or earlier, never both
+            last = self._newest_figures()
+            self.last_figures = None
+            self._figures = dict.fromkeys(self._figures)  # the dead process's answers: handed over
+            if last is not None:
+                self.earlier.absorb(last)
+            self.state = "lost"
+            self._figures_cond.notify_all()  # a query waiting for it stops waiting
         orphans = list(self.jobs.values())
         self.jobs.clear()
-        was_serving = self.state == "serving"
-        self.state = "lost"
-        return orphans, was_serving, last
+        return orphans, was_serving
+
+    def _newest_figures(self) -> dict[str, Any] | None:
+        """This process's newest figures: of its answers, read or not, the one with the most
+        batches (its counters only grow)."""
+        known = [f for f in [self.last_figures, *self._figures.values()] if f is not None]
+        return max(known, key=lambda f: f["batches"], default=None)
 
     def send(self, message: tuple[Any, ...]) -> bool:
         """Send one message on the pipe; False if the process is gone (its reader notices)."""
@@ -86,13 +103,16 @@ class WorkerHandle:
         """This worker's state, and its answer to query ``token`` if it comes before ``until``."""
         with self._figures_cond:
             if self.state == "serving":
-                self._figures_cond.wait_for(lambda: self._figures.get(token) is not None,
+                self._figures_cond.wait_for(lambda: self._figures.get(token) is not None
+                                            or self.state != "serving",
                                             max(0.0, until - time.monotonic()))
             figures = self._figures.pop(token, None)  # only this query's: others may be waiting
             if figures is not None:
                 self.last_figures = figures
             known = figures or self.last_figures
+            earlier = self.earlier.batch_figures()
         device = self.describe.get("engine", {}).get("device", self.device)
         return {"worker": self.index, "pid": getattr(self.process, "pid", None),
                 "device": device, "state": self.state, "in_flight": len(self.jobs),
-                "restarts": self.restarts, "figures": figures, "known_figures": known}
+                "restarts": self.restarts, "figures": figures, "known_figures": known,
+                "earlier_figures": earlier}

@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from engines.model_dir import ModelInfo
@@ -58,6 +59,7 @@ class ProcessBackend:
         self.info = info
         self.stats = stats
         self.log_level = log_level
+        self.model = Path(config.model_dir).name  # names the model in log lines (a repository)
         self.queue = WorkQueue(config.max_queue)
         #: Most requests one worker holds at once: one batch running, the next one forming.
         self.window = config.worker_window()
@@ -72,9 +74,6 @@ class ProcessBackend:
         self._started = False
         self._stopping = False
         self._answering = 0  # bulks popped from jobs whose replies are still being written
-        #: Batch figures of worker processes that ended (as last reported), so that summed
-        #: counters never go backwards when a worker is replaced.
-        self.retired = ServerStats()
 
     # -- start -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -218,8 +217,9 @@ class ProcessBackend:
                         handle.on_ready(message[1])
                         self._cond.notify_all()
                     self._pump()
-                    log.info("worker %d (pid %d) serving on %s", handle.index, process.pid,
-                             handle.device)
+                    log.info("model %s: worker %d (pid %d) serving on %s", self.model,
+                             handle.index, process.pid,
+                             handle.describe.get("engine", {}).get("device", handle.device))
                 elif kind == "stats":
                     handle.on_figures(message[1], message[2])
                 elif kind == "failed":
@@ -254,9 +254,7 @@ class ProcessBackend:
         with self._cond:
             if handle.process is not process:
                 return
-            orphans, was_serving, last = handle.detach()
-            if last is not None:
-                self.retired.absorb(last)
+            orphans, was_serving = handle.detach()  # its figures move to the slot's earlier ones
             self._cond.notify_all()
         how = exit_words(process.returncode)
         if not handle.loaded.is_set():  # it ended while loading
@@ -278,8 +276,9 @@ class ProcessBackend:
         handle.failures += 1
         handle.restarts += 1
         self.stats.count_event("worker_restart")
-        log.error("worker %d %s (%d requests answered worker_lost); restarting it in %g s "
-                  "(restart #%d)", handle.index, how, orphans, delay, handle.restarts)
+        log.error("model %s: worker %d %s (%d requests answered worker_lost); restarting it "
+                  "in %g s (restart #%d)", self.model, handle.index, how, orphans, delay,
+                  handle.restarts)
         timer = threading.Timer(delay, self._respawn, args=(handle,))
         timer.name, timer.daemon = f"restart-worker-{handle.index}", True
         self._timers = [t for t in self._timers if t.is_alive()] + [timer]
@@ -296,10 +295,13 @@ class ProcessBackend:
     # -- figures -------------------------------------------------------------------------------
     def summed(self, stats: ServerStats, figures: list[dict[str, Any]]) -> ServerStats:
         """The front end's ``stats`` plus every worker's batch figures (``worker_figures``;
-        a worker's last answer when it gave none in time) and those of replaced workers."""
+        a worker's last answer when it gave none in time) and those of the processes each
+        slot had before (read with them, so that a process that dies meanwhile counts once:
+        summed counters never go backwards when a worker is replaced)."""
         merged = stats.copy()
         known = [w["known_figures"] for w in figures if w["known_figures"] is not None]
-        for source in [self.retired.batch_figures(), *known]:
+        earlier = [w["earlier_figures"] for w in figures]
+        for source in [*earlier, *known]:
             merged.absorb(source, share=1 / max(1, len(known)))
         return merged
 
@@ -363,6 +365,7 @@ class ProcessBackend:
             if handle.process is not None:
                 wait_exit(handle.process, max(5.0, until - time.monotonic()))
                 if handle.process.poll() is None:
-                    log.warning("worker %d did not exit; killing it", handle.index)
+                    log.warning("model %s: worker %d did not exit; killing it", self.model,
+                                handle.index)
                     handle.process.kill()
                     wait_exit(handle.process, 5.0)
