@@ -62,6 +62,7 @@ class TextEncoder:
         self.tokenizer = tokenizer
         self.max_seq_len = max_seq_len
         self.pad_id = tokenizer.pad_id
+        self._specials = specials
         self._backend = _truncating_copy(tokenizer, max_seq_len)
 
     @classmethod
@@ -73,7 +74,8 @@ class TextEncoder:
         """One row per text, in order; a text over ``max_seq_len`` tokens is cut, not refused.
 
         Raises:
-            BadRequest: No texts, or one that is not a string or is blank.
+            BadRequest: No texts, or one that is not a string, is blank, or has no tokens
+                (only characters the tokenizer drops: zero-width, control, lone accents).
         """
         if not texts:
             raise BadRequest("no texts given")
@@ -84,6 +86,8 @@ class TextEncoder:
                 raise BadRequest(f"text {index} is empty")
         encodings = encode_texts(self._backend, texts)
         lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
+        if lengths.min() <= self._specials:  # nothing but the special tokens: as QA refuses
+            raise BadRequest(f"text {int(np.argmin(lengths))} has no tokens")
         shape = (len(encodings), int(lengths.max()))
         ids = np.full(shape, self.pad_id, dtype=np.int64)
         types = np.zeros(shape, dtype=np.int64)

@@ -160,6 +160,17 @@ def test_texts_the_protocol_would_refuse_are_refused_by_the_task_too(embed_dir: 
         task_for(embed_dir).features(embed(texts))
 
 
+def test_a_text_of_nothing_but_dropped_characters_is_refused_as_qa_refuses_it(
+        embed_dir: Path) -> None:
+    """Zero-width, control and lone combining characters leave no tokens: [CLS] [SEP] alone
+    would give the same vector for all of them."""
+    task = task_for(embed_dir)
+    for nothing in ("\u200b\u200d", "\x00", "\u0301"):
+        with pytest.raises(BadRequest, match="text 1 has no tokens"):
+            task.features(embed(["fine", nothing]))
+    assert task.features(embed(["fine", "\u200bok"])).rows == 2
+
+
 def test_encoding_from_many_threads_at_once_gives_the_same_rows(embed_dir: Path) -> None:
     task = task_for(embed_dir, max_seq_len=24)
     texts = [*TEXTS, LONG_TEXT] * 20
@@ -233,6 +244,9 @@ def test_classify_refuses_a_blank_text_and_checks_the_logits(classify_dir: Path)
     task = task_for(classify_dir)
     with pytest.raises(BadRequest):
         task.features(ClassifyRequest(id=1, text=" \n"))
+    for nothing in ("\u200b\u200d", "\x00", "\u0301"):  # characters the tokenizer drops
+        with pytest.raises(BadRequest, match="text 0 has no tokens"):
+            task.features(ClassifyRequest(id=1, text=nothing))
     features = task.features(ClassifyRequest(id=1, text="good"))
     assert features.rows == 1
     with pytest.raises(ValueError, match="4 logits for 3 labels"):
