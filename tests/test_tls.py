@@ -248,3 +248,61 @@ def test_tls_usage_errors_exit_2(certs: Path, tmp_path: Path) -> None:
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
         assert "Traceback" not in done.stderr
+
+
+class _BioClient:
+    """A TLS client over memory buffers: what it writes, close_notify included, leaves in one
+    TCP send, so the server reads the requests and the end of the stream in one read."""
+
+    def __init__(self, address: tuple[str, int], certs: Path) -> None:
+        context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        self.sock = socket.create_connection(address, timeout=30)
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = context.wrap_bio(self.incoming, self.outgoing, server_hostname="127.0.0.1")
+        while True:
+            try:
+                self.tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self.sock.sendall(self.outgoing.read())
+                self.incoming.write(self.sock.recv(65536))
+        self.sock.sendall(self.outgoing.read())
+
+    def send_then_close_notify(self, data: bytes) -> None:
+        self.tls.write(data)
+        try:
+            self.tls.unwrap()  # queues close_notify; the server's own is read later
+        except ssl.SSLWantReadError:
+            pass
+        self.sock.sendall(self.outgoing.read())
+
+    def read_until_closed(self, timeout_s: float) -> tuple[list[dict], float]:
+        """Every reply until the server ends the connection, and how long that took."""
+        started, decoder, replies = time.monotonic(), FrameDecoder(), []
+        self.sock.settimeout(timeout_s)
+        while (data := self.sock.recv(65536)) != b"":
+            self.incoming.write(data)
+            try:
+                while plain := self.tls.read(65536):
+                    decoder.receive_data(plain)
+            except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+                pass
+            while (message := decoder.next_message()) is not None:
+                replies.append(message)
+        return replies, time.monotonic() - started
+
+
+def test_close_notify_sent_with_the_requests_is_a_half_close(certs: Path,
+                                                             tiny_model_dir: Path) -> None:
+    """protocol.md 6.4: every reply, then the server closes at once, not at idle_timeout."""
+    config = tls_config(certs, tiny_model_dir, idle_timeout_s=20)
+    with InferenceServer(config) as srv:
+        client = _BioClient(srv.address, certs)
+        total = 5
+        client.send_then_close_notify(b"".join(
+            encode_frame(qa_request(i, QUESTIONS[i % 6], CONTEXTS[i % 6])) for i in range(total)))
+        replies, took = client.read_until_closed(timeout_s=60)
+        client.sock.close()
+    assert sorted(reply["id"] for reply in replies) == list(range(total))
+    assert all(reply["ok"] for reply in replies), replies
+    assert took < 15, f"closed after {took:.1f} s: at the idle timeout, not at the half-close"

@@ -70,6 +70,7 @@ class TLSStream(PlainStream):
         self.sock.setblocking(False)
         self.send_timeout_s = send_timeout_s
         self._lock = threading.Lock()  # held for every call into OpenSSL, never while waiting
+        self._ended = False  # the end (close_notify or FIN) was read along with data, not yet told
 
     def handshake(self, timeout_s: float, still_open: Callable[[], bool]) -> str | None:
         """Complete the server's side of the handshake within ``timeout_s`` in all.
@@ -104,6 +105,8 @@ class TLSStream(PlainStream):
         chunks: list[bytes] = []
         total = 0
         with self._lock:
+            if self._ended:
+                return b""
             while total < size:
                 try:
                     data = self.sock.recv(size - total)
@@ -112,15 +115,17 @@ class TLSStream(PlainStream):
                 if not data:
                     if not chunks:
                         return b""
-                    break  # the end again on the next call
+                    self._ended = True  # told on the next call: no poll would see it again
+                    break
                 chunks.append(data)
                 total += len(data)
         return b"".join(chunks) if chunks else None
 
     def buffered(self) -> bool:
-        """True if OpenSSL holds decrypted bytes not yet read (a poll cannot see them)."""
+        """True if OpenSSL holds decrypted bytes not yet read, or the end read along with the
+        last of them is still to be told (a poll cannot see either)."""
         with self._lock:
-            return self.sock.pending() > 0
+            return self._ended or self.sock.pending() > 0
 
     def send_now(self, data: bytes) -> int:
         """Write ``data`` if the socket takes it now: all of it, or 0, in which case the next
