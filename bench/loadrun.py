@@ -127,7 +127,8 @@ def measure(target: Callable[..., None], specs: Sequence[ClosedSpec | OpenSpec],
     try:
         control = Client(host, port, **specs[0].client)
     except OSError as exc:
-        raise ConnectionError(f"cannot reach {host}:{port}: {exc}") from exc
+        raise ConnectionError(f"cannot reach {host}:{port}: {exc or type(exc).__name__}") \
+            from exc
     with control:
         payloads, before = run_workers(
             target, specs, tickets=tickets, warm_up=lambda: _warm_up(control, specs[0], warmup),
@@ -152,10 +153,11 @@ def _warm_up(client: Client, spec: ClosedSpec | OpenSpec, count: int) -> None:
 
 
 def _server_stats(client: Client) -> dict[str, Any] | None:
-    """The server's ``stats`` result, or None from a server without that op."""
+    """The server's ``stats`` result, or None from a server without that op or no longer
+    reachable (a server that died mid-run: the run's own figures still count)."""
     try:
         return client.stats(timeout=30)
-    except ServerError:
+    except (ServerError, OSError):  # ConnectionLost and TimeoutError included
         return None
 
 

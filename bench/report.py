@@ -51,7 +51,7 @@ def format_report(result: dict[str, Any]) -> str:
 
 def _format_server(server: dict[str, Any], client_mean_ms: float) -> list[str]:
     if not server:
-        return ["server: no stats (the server does not answer the stats op)"]
+        return ["server: no stats (the server did not answer the stats op before or after the run)"]
     engine, model = server.get("engine", {}), server.get("model", {})
     meaningful = "" if model.get("meaningful", True) else ", answers not meaningful"
     lines = [f"server: {server['sessions']} sessions, {engine.get('description', '?')}, max batch "

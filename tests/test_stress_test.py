@@ -339,3 +339,31 @@ def test_an_unreachable_server_exits_2() -> None:
         s.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
         done = run_cli(None, "--num_total_clients", "1", port=s.getsockname()[1])
     assert done.returncode == 2 and "cannot reach" in done.stderr
+
+
+def test_a_server_that_dies_mid_run_still_gets_a_report_and_exit_status_1(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """load_testing.md: failures are counted (connection_lost, connect_failed), not thrown."""
+    from tests.test_server_process import drain_log, start_server
+
+    proc, (host, port), lines = start_server("--model_dir", str(tiny_model_dir),
+                                             "--inference_engine_type", "zero",
+                                             "--num_inference_sessions", "1")
+    drain_log(proc, lines)
+    out = tmp_path / "run.json"
+    load = subprocess.Popen(
+        [sys.executable, "stress_test.py", "--host", host, "--port", str(port), "--no_progress",
+         "--num_total_clients", "4000", "--num_request_per_client", "50",
+         "--num_simultaneous_clients", "2", "--warmup", "0", "--json", str(out)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+        proc.kill()
+        stdout, stderr = load.communicate(timeout=120)
+    finally:
+        proc.kill()
+        load.kill()
+    assert load.returncode == 1, stderr
+    assert "errors:" in stdout and "ok:" in stdout, stdout
+    saved = json.loads(out.read_text())
+    assert saved, "no --json report"
