@@ -15,6 +15,7 @@ from clients.endpoint import describe
 from console.catalog import model_warning
 from console.modes import print_answer
 from console.repl import repl
+from console.text_input import valid_text
 from protocol import ServerError
 from settings.cli import HelpFormatter, shout
 from settings.tokens import add_token_options, token_from
@@ -95,7 +96,8 @@ def one_shot(client: Client, question: str, context: str, timeout: float,
         shout(warning, sys.stderr)
     started = time.perf_counter()
     try:
-        result = client.answer(question, context, timeout=timeout, model=model)
+        result = client.answer(valid_text(question), valid_text(context), timeout=timeout,
+                               model=model)
     except ServerError as exc:
         print(f"error [{exc.code}]: {exc.message}", file=sys.stderr)
         return 1
@@ -120,9 +122,11 @@ def read_address_file(path: str) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; returns the exit status (2: the server, or the model, is not there;
-    1: it refused the token, or has none)."""
+    """CLI entry point; returns the exit status (2: the server, or the model, is not there, or
+    the connection was lost; 1: it refused the token, or has none, or gave no reply in time)."""
     args = parse_args(argv)
+    if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach valid_text, not a crash
+        sys.stdin.reconfigure(errors="surrogateescape")
     where = args.address_file or f"{args.host}:{args.port}"
     try:
         if args.address_file is not None:
@@ -144,4 +148,10 @@ def main(argv: list[str] | None = None) -> int:
             return one_shot(client, args.question, args.context, args.timeout, args.model)
         except ServerError as exc:  # e.g. unauthorized: the server wants a token
             print(f"error [{exc.code}]: {exc.message}", file=sys.stderr)
+            return 1
+        except ConnectionLost as exc:  # the server went away mid-call
+            print(f"{where}: {exc}", file=sys.stderr)
+            return 2
+        except FutureTimeout:
+            print(f"no reply from {where} within --timeout {args.timeout:g} s", file=sys.stderr)
             return 1

@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from client import Client, ConnectionLost
 from console.catalog import Model, describe, find_model, warning_of
-from console.text_input import read_text
+from console.text_input import read_text, valid_text
 from protocol.errors import IdleTimeout
 from settings.cli import shout
 
@@ -70,7 +70,7 @@ class Session:
         Raises:
             ModelSwitch, EOFError: as ``read_text``.
         """
-        while self.command(line := input(prompt).strip()):
+        while self.command(line := valid_text(input(prompt)).strip()):
             pass
         return line
 

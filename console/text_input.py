@@ -125,7 +125,7 @@ def read_text(prompt: str, stdin: TextIO | None = None, stdout: TextIO | None = 
         line = stdin.readline()
         if not line:
             raise EOFError
-        return line.strip()
+        return valid_text(line).strip()
     return _read_terminal(prompt, stdin.fileno(), stdout)
 
 
@@ -166,3 +166,13 @@ def _collect(fd: int, stdout: TextIO) -> TextBuffer:
         if buffer.blank_pending and not select.select([fd], [], [], PASTE_GAP_S)[0]:
             break  # an empty line with nothing after it: typed, so the text is complete
     return buffer
+
+
+def valid_text(text: str) -> str:
+    """``text`` with each lone surrogate as U+FFFD: bytes that are not UTF-8 (which a C-locale
+    stdin hands over as surrogates) cannot be sent, and the pasted-text reader replaces them too."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")

@@ -92,6 +92,28 @@ def test_cli_reports_an_unreachable_server() -> None:
     assert done.returncode == 2 and "cannot connect" in done.stderr
 
 
+@pytest.mark.parametrize("peer", ["silent", "closing"])
+def test_cli_reports_a_server_that_never_answers_or_hangs_up_without_a_traceback(
+        peer: str) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        done = subprocess.Popen([sys.executable, "client.py", "--port", str(port), "--question",
+                                 "Who?", "--context", "Bob.", "--timeout", "1"], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        conn, _ = listener.accept()
+        if peer == "closing":
+            conn.close()
+        _, stderr = done.communicate(timeout=60)
+        conn.close()
+    assert "Traceback" not in stderr, stderr
+    if peer == "silent":
+        assert done.returncode == 1 and "no reply from" in stderr and "--timeout 1 s" in stderr
+    else:
+        assert done.returncode == 2 and "closed" in stderr, stderr
+
+
 def test_stress_test_runs_client_processes_and_reports_every_request(
         server: InferenceServer) -> None:
     host, port = server.address

@@ -197,6 +197,19 @@ def test_piped_input_takes_one_line_per_text_of_any_length(
     assert engine.rows_run - rows_before == rows_for(srv, QUESTIONS[1], context)
 
 
+@pytest.mark.parametrize("locale", ["C", "C.UTF-8"])  # stdin: surrogateescape, then strict
+def test_piped_bytes_that_are_not_utf8_are_replaced_not_fatal(
+        counted: tuple[InferenceServer, GatedEngine], locale: str) -> None:
+    srv, _ = counted
+    done = subprocess.run([sys.executable, "client.py", "--host", srv.address[0], "--port",
+                           str(srv.address[1])], cwd=ROOT,
+                          input=CONTEXTS[0].encode() + b"\n" + b"Who \xff?\n",
+                          capture_output=True, timeout=120,
+                          env={**os.environ, "LC_ALL": locale, "PYTHONIOENCODING": ""})
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert done.stdout.count(b"answer: ") == 1 and b"Traceback" not in done.stderr
+
+
 def test_an_embed_model_in_a_terminal_compares_two_pasted_texts(
         tmp_path: Path, terminals: list[Terminal]) -> None:
     from tests.text_models import build_tiny_embed_dir
