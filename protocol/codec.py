@@ -80,7 +80,8 @@ def decode_body(body: bytes) -> dict[Any, Any]:
         extra = len(exc.extra)
         raise ProtocolError(f"frame has {extra} trailing byte(s) after its object") from None
     except (ValueError, TypeError) as exc:
-        raise ProtocolError(f"frame body is not valid msgpack: {exc}") from None
+        reason = str(exc) or type(exc).__name__  # some of msgpack's errors carry no message
+        raise ProtocolError(f"frame body is not valid msgpack: {reason}") from None
     if not isinstance(obj, dict):
         raise ProtocolError(f"frame must hold a msgpack map, not {type(obj).__name__}")
     return obj

@@ -150,6 +150,7 @@ def test_undecodable_body_is_a_protocol_error(body: bytes) -> None:
     with pytest.raises(ProtocolError) as info:
         decoder.next_message()
     assert type(info.value) is ProtocolError
+    assert not info.value.message.endswith(": "), "the reason is missing"
 
 
 def test_garbage_stream_is_refused_as_too_large_from_its_header() -> None:
