@@ -63,6 +63,7 @@ class InferenceServer:
         self.engine_factory = engine_factory
         self.max_frame_size = config.max_frame_size
         self.send_timeout_s = config.send_timeout_s
+        self.max_outbox_bytes = int(config.max_outbox_mb * (1 << 20))
         self.idle_timeout_s = config.idle_timeout_s
         self.frame_timeout_s = config.frame_timeout_s
         self.tls_handshake_timeout_s = config.tls_handshake_timeout_s

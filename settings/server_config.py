@@ -111,6 +111,9 @@ class ServerConfig:
     max_texts: int = option(256, "most texts in one embed request (0: no cap)")
     send_timeout_s: float = option(30.0, "seconds replies may stay unsent to a client that does "
                                    "not read before it is disconnected", flag="--send_timeout")
+    max_outbox_mb: float = option(32.0, "MiB of replies a client may leave unread (its requests "
+                                  "already admitted, e.g. large embed replies) before it is "
+                                  "disconnected; at least 1")
     no_answer: str = option("auto", "SQuAD2 'no answer' (auto: on for SQuAD2 models)",
                             choices=("auto", "on", "off"))
     max_seq_len: int = option(384, "tokens per QA window, or per text to embed or classify "
@@ -206,6 +209,7 @@ class ServerConfig:
                    if getattr(self, name) < 0]
                 + ([] if self.send_timeout_s >= 0.001 else ["--send_timeout must be at least "
                                                               "0.001 (0 would mean never)"])
+                + ([] if self.max_outbox_mb >= 1 else ["--max_outbox_mb must be at least 1"])
                 + self._device_problems() + self._broker_problems()
                 + self._transport_problems() + self._auth_problems())
 

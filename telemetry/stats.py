@@ -20,12 +20,13 @@ TIME_BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 #: Recent samples kept per timing for percentiles.
 RESERVOIR = 8192
 #: Events counted by ``count_event``: connections refused at the cap, closed for idling, for a
-#: frame arriving too slowly, or for not reading replies; closed for failing to authenticate
+#: frame arriving too slowly, or for not reading replies (for the send timeout, or past the
+#: outbox cap); closed for failing to authenticate
 #: (a wrong token, or another request first) or for not authenticating in time, or for a TLS
 #: handshake that failed or did not finish in time; sessions, and worker processes, replaced
 #: after dying; a front end's broker lost, and found again (``--broker``).
 EVENTS = ("connection_refused", "idle_timeout", "frame_timeout", "send_timeout",
-          "auth_failed", "auth_timeout", "tls_handshake_failed", "session_restart",
+          "outbox_overflow", "auth_failed", "auth_timeout", "tls_handshake_failed", "session_restart",
           "worker_restart", "broker_lost", "broker_reconnect")
 
 

@@ -283,6 +283,33 @@ def test_a_client_that_never_reads_is_disconnected_after_the_send_timeout(
         writer.join(30)
 
 
+def test_a_client_leaving_more_than_max_outbox_unread_is_disconnected(tmp_path: Path) -> None:
+    """Replies to requests admitted before the reader paused still join the outbox; large ones
+    (embed: texts x dim floats) are capped by --max_outbox_mb, not held without bound."""
+    from tests.text_models import build_tiny_embed_dir
+
+    embed_dir = build_tiny_embed_dir(tmp_path / "embed")
+    engine = GatedEngine(load_engine("onnx", embed_dir, threads=1))
+    config = ServerConfig(port=0, model_dir=str(embed_dir), num_inference_sessions=1,
+                          max_outbox_mb=1, send_timeout_s=120)
+    with InferenceServer(config, engine_factory=lambda: engine) as srv:
+        engine.gate.clear()
+        stuck = RawConnection(srv.address)
+        stuck.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        # 200 replies of 256 vectors of 32 floats, about 75 KB each: 15 MB, admitted at once;
+        # more than the socket buffers (a few MB on loopback) and the 1 MiB cap together
+        stuck.send_raw(frames(*({"id": i, "op": "embed", "texts": ["a b c"] * 256}
+                                for i in range(200))))
+        wait_until(lambda: srv.stats.admitted == 200)
+        engine.gate.set()
+        wait_until(lambda: srv.stats.snapshot()["events"]["outbox_overflow"] == 1)
+        wait_until(lambda: srv.stats.snapshot()["connections_open"] == 0)
+        wait_until(lambda: srv.stats.in_flight == 0)  # the rest: dropped, its client gone
+        with Client(*srv.address) as healthy:
+            assert healthy.ping(timeout=10)["ready"] is True
+        stuck.close()
+
+
 def _send_ignoring_errors(conn: RawConnection, data: bytes) -> None:
     try:
         conn.send_raw(data)

@@ -39,8 +39,10 @@ class Connection:
     Replies come from session threads in any order. ``send`` writes a frame at once if the socket
     takes it whole (the usual case) and otherwise appends it to an outbox that a writer thread,
     started on first need, flushes; so a client that does not read never blocks a session. The
-    reader stops reading while the outbox is over ``OUTBOX_HIGH_WATER``, and a writer that cannot
-    send for ``send_timeout_s`` closes the connection, so memory per connection stays bounded.
+    reader stops reading while the outbox is over ``OUTBOX_HIGH_WATER``; replies to requests it
+    already admitted still join it, up to the server's ``max_outbox_bytes`` (with the chunk being
+    written), past which the connection is closed (event ``outbox_overflow``); and a writer that
+    cannot send for ``send_timeout_s`` closes it too, so memory per connection stays bounded.
 
     The reader closes a connection that sent nothing and awaits nothing for ``idle_timeout_s``,
     and one whose frame takes longer than ``frame_timeout_s`` to arrive once begun. After the peer
@@ -66,6 +68,7 @@ class Connection:
         self._outbox = bytearray()
         self._held = bytearray()  # frames held by coalesced_sends, written at its end
         self._writing = False
+        self._writing_bytes = 0  # the chunk the writer is sending, out of the outbox
         self._writer: threading.Thread | None = None
         self._open = True
         self._ending = False  # a fatal error reply was sent: nothing more is sent or run
@@ -296,10 +299,20 @@ class Connection:
             if not frame:
                 return True
         self._outbox += frame
+        if len(self._outbox) + self._writing_bytes > self.server.max_outbox_bytes:
+            return self._overflow_locked()
         if self._writer is None and not self._start_writer():
             return False
         self._cond.notify_all()
         return True
+
+    def _overflow_locked(self) -> bool:
+        """The client left more replies unread than the cap: close (lock held); False."""
+        log.warning("connection %s: %d bytes of replies unread, over --max_outbox_mb; closing",
+                    self.peer, len(self._outbox) + self._writing_bytes)
+        self.server.stats.count_event("outbox_overflow")
+        self._close_locked()
+        return False
 
     def _start_writer(self) -> bool:
         """Start the writer thread (lock held); on failure (no threads left) close."""
@@ -321,14 +334,14 @@ class Connection:
                 if not self._open:
                     return
                 data, self._outbox = bytes(self._outbox), bytearray()
-                self._writing = True
+                self._writing, self._writing_bytes = True, len(data)
             try:
                 self.stream.send_all(data)
                 failure = None
             except OSError as exc:
                 failure = exc
             with self._cond:
-                self._writing = False
+                self._writing, self._writing_bytes = False, 0
                 self._cond.notify_all()
                 if failure is not None:
                     log.info("connection %s: client not reading (%s); closing", self.peer, failure)

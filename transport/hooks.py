@@ -21,6 +21,7 @@ class ServerHooks(Protocol):
 
     max_frame_size: int
     send_timeout_s: float
+    max_outbox_bytes: int
     idle_timeout_s: float
     frame_timeout_s: float
     tls_handshake_timeout_s: float
