@@ -32,6 +32,7 @@ import itertools
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout  # the builtin from 3.11
@@ -40,7 +41,7 @@ from typing import Any
 from clients.aio import AsyncClient
 from clients.common import ConnectionLost, Result
 from clients.common import text_list as _text_list
-from clients.endpoint import describe, open_socket
+from clients.endpoint import SendTimeout, describe, open_socket, send_by
 from protocol import (
     DEFAULT_MAX_FRAME_SIZE,
     FrameDecoder,
@@ -157,7 +158,7 @@ class Client:
             TimeoutError: no reply within ``timeout`` seconds.
         """
         timeout_ms = None if timeout is None else 1000 * timeout
-        return self.wait(self.submit_op(op, fields, timeout_ms=timeout_ms, model=model), timeout)
+        return self._ask(lambda rid: model_request(rid, op, fields, timeout_ms, model), timeout)
 
     def submit(self, question: str, context: str, *, timeout_ms: float | None = None,
                model: str | None = None) -> Future[Result]:
@@ -219,15 +220,15 @@ class Client:
         Raises:
             BadRequest: a server older than the ``models`` op.
         """
-        return self.wait(self.request(models_request), timeout)["models"]
+        return self._ask(models_request, timeout)["models"]
 
     def ping(self, timeout: float | None = None) -> Result:
         """Round trip to the server; returns its ping result (``pong``, ``ready``)."""
-        return self.wait(self.request(ping_request), timeout)
+        return self._ask(ping_request, timeout)
 
     def stats(self, timeout: float | None = None) -> Result:
         """The server's counters, timings and configuration (see docs/metrics.md)."""
-        return self.wait(self.request(stats_request), timeout)
+        return self._ask(stats_request, timeout)
 
     def wait(self, future: Future[Result], timeout: float | None) -> Result:
         """``future.result(timeout)``; on timeout, stop tracking the request (no leak) and raise
@@ -241,8 +242,27 @@ class Client:
                     del self._pending[rid]  # a late reply is then ignored
             raise
 
-    def request(self, build: Callable[[int], Result]) -> Future[Result]:
-        """Send ``build(request_id)`` (a request map) and return the Future of its result."""
+    def _ask(self, build: Callable[[int], Result], timeout: float | None) -> Result:
+        """Send a request and wait for its result, both within ``timeout`` seconds in all."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        future = self.request(build, deadline)
+        return self.wait(future, None if deadline is None else
+                         max(0.0, deadline - time.monotonic()))
+
+    def request(self, build: Callable[[int], Result],
+                deadline: float | None = None) -> Future[Result]:
+        """Send ``build(request_id)`` (a request map) and return the Future of its result.
+
+        Args:
+            build: Makes the request map for an id.
+            deadline: A ``time.monotonic()`` by which the server must have taken the request
+                (default: wait as long as it takes).
+
+        Raises:
+            ConnectionLost: the connection is closed.
+            TimeoutError: the deadline passed while sending (a request cut off part-way also
+                closes the connection: its other requests fail with ConnectionLost).
+        """
         future: Future[Result] = Future()
         with self._lock:
             if self._closed is not None:
@@ -251,11 +271,28 @@ class Client:
             self._pending[request_id] = future
         frame = encode_frame(build(request_id))
         try:
-            with self._send_lock:
-                self._sock.sendall(frame)
+            self._send(frame, deadline)
+        except SendTimeout as exc:
+            with self._lock:
+                self._pending.pop(request_id, None)
+            if not exc.clean:
+                self._fail_all(ConnectionLost("a request was cut off by its timeout"))
+                self._sock.close()
+            raise
         except OSError as exc:
             self._fail_all(ConnectionLost(f"send failed: {exc}"))
         return future
+
+    def _send(self, frame: bytes, deadline: float | None) -> None:
+        """One frame, whole, one sender at a time (until ``deadline``, waiting for the others
+        too)."""
+        wait = -1 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self._send_lock.acquire(timeout=wait):
+            raise SendTimeout(clean=True)
+        try:
+            send_by(self._sock, frame, deadline)
+        finally:
+            self._send_lock.release()
 
     # -- replies ------------------------------------------------------------------------------
     def _read_loop(self) -> None:

@@ -49,6 +49,8 @@ from protocol.messages import model_request
 __all__ = ["AsyncClient"]
 
 _READ_SIZE = 65536
+#: Longest wait in ``close`` for the connection to end (a server that reads nothing).
+CLOSE_WAIT_S = 5.0
 
 
 class AsyncClient:
@@ -156,9 +158,12 @@ class AsyncClient:
         """Close the connection; requests still pending fail with ConnectionLost."""
         self._fail_all(ConnectionLost("client closed"))
         if self._writer is not None:
-            self._writer.close()
-            with contextlib.suppress(OSError):
-                await self._writer.wait_closed()
+            if self._writer.transport.get_write_buffer_size():
+                self._writer.transport.abort()  # unsent requests, failed above: flush nothing
+            else:
+                self._writer.close()
+            with contextlib.suppress(OSError, TimeoutError):  # a peer that never reads
+                await asyncio.wait_for(self._writer.wait_closed(), CLOSE_WAIT_S)
         if self._reader_task is not None:
             await asyncio.wait([self._reader_task], timeout=5)
 

@@ -16,12 +16,26 @@ import select
 import socket
 import ssl
 import threading
+import time
 from typing import Protocol
 
 #: How a host string names a Unix socket.
 UNIX_SCHEME = "unix://"
 #: Longest single wait of a TLS socket, in ms; it then looks whether it was closed meanwhile.
 _WAIT_MS = 1000
+
+
+class SendTimeout(TimeoutError):
+    """The server did not take a whole frame before the deadline.
+
+    Attributes:
+        clean: Nothing of it was written, so the connection may go on; else the stream holds
+            part of a frame (or, over TLS, a write OpenSSL must finish) and must be closed.
+    """
+
+    def __init__(self, clean: bool) -> None:
+        super().__init__("the server took no more of the request before the timeout ran out")
+        self.clean = clean
 
 
 class ByteStream(Protocol):
@@ -79,6 +93,36 @@ def check_tls_options(host: str, tls: bool, tls_ca: str | None, tls_cert: str | 
         raise ValueError("tls_ca, tls_cert and tls_key need tls=True")
     if tls and unix_path(host) is not None:
         raise ValueError(f"{host} is a Unix socket: the server serves it without TLS")
+
+
+def send_by(sock: ByteStream, data: bytes, deadline: float | None) -> None:
+    """Write all of ``data``; with ``deadline`` (``time.monotonic()``), give up when it passes.
+
+    Raises:
+        SendTimeout: the deadline passed first.
+        OSError: the connection broke.
+    """
+    if deadline is None:
+        sock.sendall(data)
+    elif isinstance(sock, TLSSocket):
+        sock.sendall(data, deadline)
+    else:
+        _send_plain(sock, data, deadline)  # type: ignore[arg-type]
+
+
+def _send_plain(sock: socket.socket, data: bytes, deadline: float) -> None:
+    """``send_by`` on a blocking plain socket: only writes that cannot block, waits in poll."""
+    view, poller = memoryview(data), select.poll()
+    poller.register(sock, select.POLLOUT)
+    while view:
+        try:
+            view = view[sock.send(view, socket.MSG_DONTWAIT):]
+            continue
+        except BlockingIOError:
+            pass
+        left_ms = (deadline - time.monotonic()) * 1000
+        if left_ms <= 0 or not poller.poll(left_ms):
+            raise SendTimeout(clean=len(view) == len(data))
 
 
 def open_socket(host: str, port: int, *, timeout: float, tls: bool = False,
@@ -154,10 +198,12 @@ class TLSSocket:
                     events = select.POLLOUT
             self._wait(events)
 
-    def sendall(self, data: bytes) -> None:
-        """Write all of ``data``, waiting while the server does not read.
+    def sendall(self, data: bytes, deadline: float | None = None) -> None:
+        """Write all of ``data``, waiting while the server does not read (until ``deadline``,
+        a ``time.monotonic()``, if given).
 
         Raises:
+            SendTimeout: the deadline passed first (never clean: OpenSSL may hold part of it).
             OSError: the connection broke, or was closed.
         """
         view = memoryview(data)
@@ -171,7 +217,9 @@ class TLSSocket:
                     events = select.POLLOUT
                 except ssl.SSLWantReadError:
                     events = select.POLLIN
-            self._wait(events)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise SendTimeout(clean=False)
+            self._wait(events, deadline)
 
     def shutdown(self, how: int) -> None:
         """Shut the TCP connection's directions (the socket's own shutdown: an SSLSocket's
@@ -188,11 +236,14 @@ class TLSSocket:
         if self._closed:
             raise OSError(errno.EBADF, "the connection was closed")
 
-    def _wait(self, events: int) -> None:
-        """Wait (outside the lock) until the socket may be ready for ``events``."""
+    def _wait(self, events: int, deadline: float | None = None) -> None:
+        """Wait (outside the lock) until the socket may be ready for ``events``, at most a
+        second, and not past ``deadline``."""
         poller = select.poll()
         try:
             poller.register(self.sock, events)
         except (OSError, ValueError) as exc:  # closed meanwhile
             raise OSError(errno.EBADF, "the connection was closed") from exc
-        poller.poll(_WAIT_MS)
+        wait_ms = _WAIT_MS if deadline is None else \
+            max(0, min(_WAIT_MS, int((deadline - time.monotonic()) * 1000) + 1))
+        poller.poll(wait_ms)

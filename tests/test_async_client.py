@@ -375,3 +375,24 @@ def test_connecting_to_nothing_raises_at_once() -> None:
         s.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
         with pytest.raises(ConnectionRefusedError):
             run(AsyncClient.connect(*s.getsockname()[:2]))
+
+
+def test_closing_with_requests_a_server_never_read_returns_at_once() -> None:
+    """close() drops what the socket still holds, instead of waiting for a peer that never
+    reads (it used to wait forever, and an ``async with`` with it)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        async def scenario() -> float:
+            client = await AsyncClient.connect(*listener.getsockname())
+            context = "word " * 150_000  # 750 KB: a few of them fill the socket buffers
+            for _ in range(8):
+                with pytest.raises(TimeoutError):
+                    await client.answer("Who?", context, timeout=0.2)
+            started = time.monotonic()
+            await client.close()
+            return time.monotonic() - started
+
+        took = run(scenario(), timeout=60)
+    assert took < 10, f"close() took {took:.1f} s"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,6 +113,31 @@ def test_cli_reports_a_server_that_never_answers_or_hangs_up_without_a_traceback
         assert done.returncode == 1 and "no reply from" in stderr and "--timeout 1 s" in stderr
     else:
         assert done.returncode == 2 and "closed" in stderr, stderr
+
+
+def test_a_timeout_covers_sending_to_a_server_that_never_reads() -> None:
+    """Each call returns within its timeout: TimeoutError while the socket takes nothing more,
+    then ConnectionLost once a request was cut off part-way (it used to block in sendall)."""
+    outcomes: list[str] = []
+
+    def calls(port: int) -> None:
+        with Client("127.0.0.1", port) as client:
+            for _ in range(10):
+                try:
+                    client.answer("Who?", "word " * 150_000, timeout=0.3)  # 750 KB each
+                except TimeoutError:
+                    outcomes.append("timeout")
+                except ConnectionLost:
+                    outcomes.append("lost")
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        caller = threading.Thread(target=calls, args=(listener.getsockname()[1],), daemon=True)
+        caller.start()
+        caller.join(timeout=60)
+        assert not caller.is_alive(), f"a call blocked past its timeout after {outcomes}"
+    assert outcomes[0] == "timeout" and outcomes[-1] == "lost", outcomes
 
 
 def test_stress_test_runs_client_processes_and_reports_every_request(
