@@ -92,7 +92,8 @@ class RedisBackend:
         self._in_flight: dict[int, InFlight] = {}
         self._staged = threading.local()
         self._up = False
-        self._stopping = False
+        self._refusing = False  # stop() began: no new work; replies are still read
+        self._stopping = False  # the reply thread ends
         self._last_id = b"0-0"
         self.counts = {"duplicate_replies": 0, "unavailable": 0, "reconnects": 0}
         #: Per answered request: from going to Redis until its reply was read, less the time a
@@ -149,7 +150,7 @@ class RedisBackend:
             Unavailable: Redis unreachable, or no worker serving.
             BadRequest: text the model cannot take.
         """
-        if self._stopping or self.task is None:
+        if self._refusing or self.task is None:
             raise ShuttingDown("server is shutting down; request not admitted")
         if not self._up:
             raise Unavailable("the broker cannot be reached; retry once the server is ready")
@@ -336,7 +337,7 @@ class RedisBackend:
     @property
     def ready(self) -> bool:
         """Redis reachable and at least one worker serving."""
-        return self._up and not self._stopping and self.monitor.serving_workers > 0
+        return self._up and not self._refusing and self.monitor.serving_workers > 0
 
     @property
     def queue_depth(self) -> int:
@@ -374,13 +375,14 @@ class RedisBackend:
 
     # -- stop ----------------------------------------------------------------------------------
     def stop(self, timeout: float) -> bool:
-        """Refuse new work, wait for the replies of what is in flight, then stop reading.
+        """Refuse new work, wait for the replies of what is in flight (the reply thread reads
+        on meanwhile), then stop reading.
 
         Returns:
             True if every request in flight was answered within ``timeout``.
         """
         until = time.monotonic() + timeout
-        self._stopping = True
+        self._refusing = True
         with self._lock:
             drained = self._lock.wait_for(lambda: not self._in_flight or not self._up,
                                           max(0.0, until - time.monotonic()))
@@ -388,6 +390,7 @@ class RedisBackend:
         self._fail(numbers, ShuttingDown("server stopped before this request was answered")
                    if self._up else Unavailable("the broker cannot be reached"))
         drained = drained and not numbers
+        self._stopping = True
         self.monitor.stop()
         self._clock.stop()
         if self._thread.ident is not None:  # started

@@ -31,7 +31,8 @@ class BrokerMonitor(threading.Thread):
         keys: The deployment's keys.
         reply_key: This front end's reply stream, whose expiry is renewed at each look.
         reply_ttl_ms: The expiry given to it (a front end that dies leaves nothing for long).
-        on_lost: Called with the reason when Redis cannot be reached.
+        on_lost: Called with the reason when Redis cannot be reached, or the reply stream is
+            gone (the front end then answers what is in flight and makes it again).
         is_up: Whether the front end believes Redis reachable (no look is made otherwise).
     """
 
@@ -61,11 +62,15 @@ class BrokerMonitor(threading.Thread):
             pipe.xlen(self.keys.work)
             pipe.xpending(self.keys.work, GROUP)
             pipe.smembers(self.keys.workers)
-            _, length, pending, names = pipe.execute(raise_on_error=False)
+            renewed, length, pending, names = pipe.execute(raise_on_error=False)
             names = sorted(n.decode() for n in names) if isinstance(names, set) else []
             beats = self.client.mget([self.keys.heartbeat(n) for n in names]) if names else []
         except BROKER_ERRORS as exc:
             self.on_lost(f"{type(exc).__name__}: {exc}")
+            return
+        if renewed is False or renewed == 0:  # it expired (a pause over its TTL) or was evicted:
+            # replies to it are dropped (workers never create it), so what is in flight is lost
+            self.on_lost(f"the reply stream {self.reply_key} vanished (expired or evicted)")
             return
         gone = [name for name, beat in zip(names, beats) if beat is None]
         if gone:

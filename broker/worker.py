@@ -40,7 +40,7 @@ from scheduling.planner import MIN_GAIN
 from scheduling.pool import BACKOFF_S, SessionPool
 from scheduling.queue import DeadlineReaper, WorkItem, WorkQueue
 from settings.server_config import ServerConfig
-from tasks.qa import padded_lengths
+from tasks.qa import QATask, padded_lengths
 from tasks.rows import EngineRows, split_rows, stack_rows
 from telemetry.stats import ServerStats
 from workers.local import batch_policy, default_engine_factory, describe_serving, start_sessions
@@ -121,8 +121,12 @@ class RedisWorker:
         """Load and warm up every session, then take work (waiting for Redis if need be).
 
         Raises:
-            RuntimeError: a session could not load its engine, or Redis refused us.
+            RuntimeError: the model is not a qa model, a session could not load its engine,
+                or Redis refused us.
         """
+        if self.info.task != QATask.name:  # the front ends send qa work only
+            raise RuntimeError(f"--broker serves qa models only; this one's task is "
+                               f"{self.info.task!r} (serve it without --broker)")
         try:
             self._connect()
         except redis.AuthenticationError as exc:  # a ConnectionError to redis-py; not to us
@@ -163,9 +167,9 @@ class RedisWorker:
                 if not self._up:
                     self._connect()
                     log.warning("broker reachable again; taking work")
-                if time.monotonic() >= next_claim:
-                    next_claim = time.monotonic() + claim_every
-                    self._claim(room)
+                if time.monotonic() >= next_claim:  # again at once while it finds some
+                    found = self._claim(room)
+                    next_claim = time.monotonic() + (0.0 if found else claim_every)
                     continue
                 read = self._reader.xreadgroup(GROUP, self.name, {self.keys.work: ">"},
                                                count=room, block=int(BLOCK_S * 1000))
@@ -219,15 +223,16 @@ class RedisWorker:
         with self._cond:
             self._cond.notify_all()
 
-    def _claim(self, room: int) -> None:
-        """Take over entries idle for ``--claim_idle_ms`` in any worker's hands."""
+    def _claim(self, room: int) -> bool:
+        """Take over entries idle for ``--claim_idle_ms`` in any worker's hands; True if any
+        were (a dead worker's: the rest follow as fast as there is room)."""
         claimed = self.client.xautoclaim(
             self.keys.work, GROUP, self.name, min_idle_time=int(self.config.claim_idle_ms),
             start_id=self._claim_cursor, count=room)
         cursor, entries = claimed[0], claimed[1]  # Redis 7 adds the ids of deleted entries
         self._claim_cursor = cursor
         if not entries:
-            return
+            return False
         self.counts["claims"] += len(entries)
         log.warning("claimed %d entries another worker left unanswered", len(entries))
         delivered = {e["message_id"]: e["times_delivered"] for e in self.client.xpending_range(
@@ -241,6 +246,7 @@ class RedisWorker:
                 runnable.append(entry)
         self.counts["redeliveries"] += len(runnable)
         self._take(runnable)
+        return True
 
     def _give_up(self, entry: tuple[bytes, dict[bytes, bytes]]) -> None:
         work = self._decode(entry)
@@ -355,7 +361,7 @@ class RedisWorker:
         drained = self.pool.join(max(0.0, until - time.monotonic())) if self.pool else True
         self.outbox.close(max(1.0, until - time.monotonic()))
         with self._cond:
-            drained = drained and self._held == 0
+            drained = drained and self._held == 0 and not self.outbox.lost
         self._leave(drained)
         return drained
 
@@ -374,7 +380,8 @@ class RedisWorker:
 
 def run_worker(config: ServerConfig, stop: threading.Event) -> int:
     """Serve the model of ``config.model_dir`` as a worker until ``stop`` is set; the exit
-    status (0: drained, 1: timed out, 2: could not start, 3: a thread of its own died)."""
+    status (0: drained, 1: timed out or replies lost with the broker, 2: could not start,
+    3: a thread of its own died)."""
     try:
         worker = RedisWorker(config, load_model_info(config.model_dir))
         worker.start()
@@ -387,5 +394,6 @@ def run_worker(config: ServerConfig, stop: threading.Event) -> int:
             worker.stop(config.shutdown_timeout_s)
             return 3
     drained = worker.stop(config.shutdown_timeout_s)
-    log.info("worker stopped (%s)", "everything taken was answered" if drained else "timed out")
+    log.info("worker stopped (%s)", "everything taken was answered" if drained else
+             "timed out, or replies could not reach the broker")
     return 0 if drained else 1
