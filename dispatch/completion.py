@@ -8,20 +8,24 @@ in-flight count once, with its outcome.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, Protocol
 
-from protocol.errors import ServerError
+from protocol.codec import encode_frame
+from protocol.errors import InternalError, ServerError
+from protocol.messages import error_reply, ok_reply
 from telemetry.stats import ServerStats
+
+log = logging.getLogger(__name__)
 
 
 class Replier(Protocol):
     """Where a completion's reply goes (transport.Connection)."""
 
-    def reply(self, request_id: int, result: dict[str, Any] | None,
-              error: ServerError | None) -> None:
-        """Send the reply of an admitted request (never blocks)."""
+    def send_reply(self, frame: bytes) -> None:
+        """Send the encoded reply of an admitted request (never blocks)."""
 
     def release(self) -> None:
         """An admitted request will get no reply (its client is gone)."""
@@ -64,12 +68,27 @@ class Completion:
         do nothing."""
         if not self._claim():
             return
+        frame, error = encoded_reply(self.request_id, result, error)
         outcome = "ok" if error is None else error.code
         self.stats.on_finished(outcome, time.monotonic() - self.admitted_at)
-        self.replier.reply(self.request_id, result, error)
+        self.replier.send_reply(frame)
 
     def abandon(self) -> None:
         """The client left before an answer: count ``client_gone``, send nothing."""
         if self._claim():
             self.stats.on_finished("client_gone", None)
             self.replier.release()
+
+
+def encoded_reply(request_id: int, result: dict[str, Any] | None,
+                  error: ServerError | None) -> tuple[bytes, ServerError | None]:
+    """The reply's frame, and its error: a result msgpack cannot carry (a plug-in's numpy
+    scalar or set, a list for a map) is answered ``internal`` instead, for this request alone."""
+    if error is None:
+        try:
+            return encode_frame(ok_reply(request_id, result or {})), None
+        except (TypeError, ValueError, OverflowError) as exc:
+            log.error("request %s: its result cannot be sent (%s: %s)", request_id,
+                      type(exc).__name__, exc)
+            error = InternalError(f"the result could not be encoded: {type(exc).__name__}")
+    return encode_frame(error_reply(request_id, error)), error

@@ -16,7 +16,7 @@ import pytest
 
 from bench.mix import load_mix, load_texts
 from client import Client
-from protocol import BadRequest
+from protocol import BadRequest, InternalError
 from server import InferenceServer, ServerConfig
 from stress_test import run_closed_loop
 from tests.helpers import CONTEXTS, QUESTIONS
@@ -223,14 +223,49 @@ def test_stress_test_names_the_model_and_refuses_a_run_the_server_would_refuse(
 
 
 # -- a plug-in task ----------------------------------------------------------------------------
-def test_a_plug_in_task_through_the_client_and_the_repl(
-        repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    doc = (ROOT / "docs" / "tasks.md").read_text()  # the example of docs/tasks.md, as written
-    (tmp_path / "mytasks").mkdir()
+def _docs_plug_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """mytasks/classify_many.py: the example of docs/tasks.md, as written, importable."""
+    doc = (ROOT / "docs" / "tasks.md").read_text()
+    (tmp_path / "mytasks").mkdir(exist_ok=True)
     (tmp_path / "mytasks" / "__init__.py").write_text("")
     (tmp_path / "mytasks" / "classify_many.py").write_text(
         doc.split("# mytasks/classify_many.py\n", 1)[1].split("```", 1)[0])
     monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [n for n in sys.modules if n == "mytasks" or n.startswith("mytasks.")]:
+        monkeypatch.delitem(sys.modules, name)  # another test's folder
+
+
+def test_a_plug_in_result_msgpack_cannot_carry_fails_alone_as_internal(
+        repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It used to get no reply at all (the encoding failed after the request was counted ok)."""
+    _docs_plug_in(tmp_path, monkeypatch)
+    (tmp_path / "mytasks" / "raw.py").write_text(
+        "import numpy as np\n"
+        "from mytasks.classify_many import ClassifyManyTask\n\n"
+        "class RawTask(ClassifyManyTask):\n"
+        "    op = 'classify_raw'\n\n"
+        "    def postprocess(self, features, logits):\n"
+        "        out = super().postprocess(features, logits)\n"
+        "        if features.rows == 2:\n"
+        "            out['raw'] = np.float32(1.0)  # msgpack cannot pack a numpy scalar\n"
+        "        return out\n")
+    folder = shutil.copytree(repository / "cls", tmp_path / "models" / "raw")
+    meta = json.loads((folder / "serving.json").read_text())
+    (folder / "serving.json").write_text(json.dumps({**meta, "task": "mytasks.raw:RawTask"}))
+    config = ServerConfig(port=0, model_dir=str(folder), num_inference_sessions=1,
+                          threads_per_session=1)
+    with InferenceServer(config) as srv, Client(*srv.address) as client:
+        bad = client.submit_op("classify_raw", {"texts": ["a", "b"]})
+        good = client.submit_op("classify_raw", {"texts": ["a"]})
+        with pytest.raises(InternalError, match="could not be encoded"):
+            bad.result(timeout=30)
+        assert len(good.result(timeout=30)["labels"]) == 1
+        assert client.stats(timeout=30)["requests"]["classify_raw"] == {"internal": 1, "ok": 1}
+
+
+def test_a_plug_in_task_through_the_client_and_the_repl(
+        repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _docs_plug_in(tmp_path, monkeypatch)
     folder = shutil.copytree(repository / "cls", tmp_path / "models" / "many")
     meta = json.loads((folder / "serving.json").read_text())
     (folder / "serving.json").write_text(

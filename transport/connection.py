@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from protocol import FrameDecoder, encode_frame, error_reply, ok_reply
+from protocol import FrameDecoder, encode_frame, error_reply
 from protocol.errors import FrameTimeout, IdleTimeout, ProtocolError, ServerError
 from transport.closing import DELIVERY_POLL_S
 from transport.coalesce import holding
@@ -241,27 +241,27 @@ class Connection:
             self._last_activity = time.monotonic()
             self._cond.notify_all()
 
-    def reply(self, request_id: int, result: dict[str, Any] | None,
-              error: ServerError | None) -> None:
-        """Send the reply of one admitted request (from any thread; never blocks)."""
+    def send_reply(self, frame: bytes) -> None:
+        """Send the encoded reply of one admitted request (from any thread; never blocks)."""
         try:
-            message = ok_reply(request_id, result or {}) if error is None else \
-                error_reply(request_id, error)
-            self.send(message)
+            self.send_frame(frame)
         finally:  # whatever happened, this request is no longer owed
             self.release()
 
     def send(self, message: dict[str, Any], final: bool = False) -> bool:
+        """Encode ``message`` and ``send_frame`` it."""
+        return self.send_frame(encode_frame(message), final)
+
+    def send_frame(self, frame: bytes, final: bool = False) -> bool:
         """Send one frame, or queue it for the writer, without blocking.
 
         Args:
-            message: The reply.
+            frame: The encoded reply.
             final: This is a fatal error reply: nothing is sent after it.
 
         Returns:
             False if the connection is closed or ending (the frame is dropped).
         """
-        frame = encode_frame(message)
         with self._cond:
             if not self._open or self._ending:
                 return False
