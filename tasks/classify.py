@@ -63,6 +63,18 @@ class ClassifyTask(TextRows):
         """
         return self.encoder.encode([request.text])
 
+    def check_outputs(self, outputs: Mapping[str, np.ndarray], rows: int) -> None:
+        """As ``TextRows.check_outputs``, and one logit per label.
+
+        Raises:
+            ValueError: Not ``logits`` ``[rows, N]``, or N is not the number of ``labels``.
+        """
+        super().check_outputs(outputs, rows)
+        width = np.asarray(outputs["logits"]).shape[1]
+        if self.labels is not None and width != len(self.labels):
+            raise ValueError(f"the model gives {width} logits, serving.json names "
+                             f"{len(self.labels)} labels")
+
     def postprocess(self, features: TextFeatures, logits: np.ndarray) -> dict[str, Any]:
         """The most probable label.
 

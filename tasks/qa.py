@@ -214,6 +214,14 @@ class QATask:
         """
         return split_rows([features.rows for features in batch], outputs)
 
+    def check_outputs(self, outputs: Mapping[str, np.ndarray], rows: int) -> None:
+        """Whether an engine's outputs for ``rows`` rows are what this task reads (warm-up).
+
+        Raises:
+            ValueError: They are not: ``start_logits`` and ``end_logits``, ``[rows, L]``.
+        """
+        split_rows([rows], outputs)
+
     def answer_batch(self, batch: Sequence[QAFeatures],
                      outputs: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
         """One answer per request of the batch, in order (``split_outputs`` + ``postprocess``)."""

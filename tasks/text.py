@@ -154,6 +154,14 @@ class TextRows:
         """
         return split_rows([features.rows for features in batch], outputs, self.output_names)
 
+    def check_outputs(self, outputs: Mapping[str, np.ndarray], rows: int) -> None:
+        """Whether an engine's outputs for ``rows`` rows are what this task reads (warm-up).
+
+        Raises:
+            ValueError: An output is missing or is not ``[rows, N]``.
+        """
+        split_rows([rows], outputs, self.output_names)
+
 
 def fitting_buckets(lengths: Sequence[int], max_seq_len: int) -> tuple[int, ...]:
     """Bucket lengths up to ``max_seq_len``, ascending, ending with it; empty when none are

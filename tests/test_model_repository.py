@@ -118,3 +118,22 @@ def test_a_folder_without_models_fails_the_start_with_a_hint(tmp_path: Path) -> 
     config = ServerConfig(port=0, model_dir=str(tmp_path))
     with pytest.raises(Exception, match="no prepared model .*prepare_model.py"):
         InferenceServer(config).start()
+
+
+@pytest.mark.parametrize("edit, why", [
+    ({"labels": ["only", "two"]}, "3 logits, serving.json names 2 labels"),
+    ({"task": "embed"}, "embeddings must have shape"),  # a classifier's folder, told embed
+])
+def test_a_model_its_task_cannot_read_fails_the_start(tmp_path: Path, edit: dict,
+                                                      why: str) -> None:
+    """Checked on the warm-up's outputs: it used to serve, failing every request."""
+    import json
+
+    from tests.text_models import build_tiny_classify_dir
+
+    folder = build_tiny_classify_dir(tmp_path / "cls")
+    meta = json.loads((folder / "serving.json").read_text())
+    (folder / "serving.json").write_text(json.dumps({**meta, **edit}))
+    config = ServerConfig(port=0, model_dir=str(folder), num_inference_sessions=1)
+    with pytest.raises(Exception, match=why):
+        InferenceServer(config).start()
