@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engines.model_dir import NOT_MEANINGFUL_WARNING
+
 TASKS = ("qa", "embed", "classify")
 #: The transformers auto class each task's model loads with.
 AUTO_CLASSES = {"qa": "AutoModelForQuestionAnswering", "embed": "AutoModel",
@@ -66,7 +68,8 @@ def packaged_minilm_path() -> Path:
 
 def load_hub_model(name: str, task: str) -> Source:
     """A hub name or local folder, loaded as ``task``'s model (a fast tokenizer is required;
-    an embed model must pool as ``check_sentence_pipeline`` allows).
+    an embed model must pool as ``check_sentence_pipeline`` allows). A QA model whose checkpoint
+    has no QA head (an encoder: transformers adds a random one) is marked not meaningful.
 
     Raises:
         SourceError: no fast tokenizer, a sentence-transformers pipeline the embed export does
@@ -84,10 +87,13 @@ def load_hub_model(name: str, task: str) -> Source:
         max_seq_len = sentence_max_seq_len(name)
     if task == "classify":
         check_classifier(name, transformers.AutoConfig.from_pretrained(name))
-    model = getattr(transformers, AUTO_CLASSES[task]).from_pretrained(name)
+    model, loading = getattr(transformers, AUTO_CLASSES[task]).from_pretrained(
+        name, output_loading_info=True)
+    new_head = task == "qa" and any(k.startswith("qa_outputs") for k in loading["missing_keys"])
     return Source(tokenizer=tokenizer, model=model, name=name,
-                  source="local folder" if Path(name).is_dir() else "hub", meaningful=True,
-                  max_seq_len=max_seq_len)
+                  source="local folder" if Path(name).is_dir() else "hub",
+                  meaningful=not new_head, max_seq_len=max_seq_len,
+                  warning=NOT_MEANINGFUL_WARNING if new_head else None)
 
 
 def load_packaged_minilm(task: str, seed: int = 0) -> Source:

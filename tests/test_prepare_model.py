@@ -162,6 +162,22 @@ def test_a_local_trained_model_folder_carries_no_warning(tiny_model_dir: Path,
     assert f"fp16: {meta['fp16']['agreeing']} of {meta['fp16']['cases']} answers" in done.stdout
 
 
+def test_an_encoder_folder_prepared_as_qa_is_marked_not_meaningful(tiny_model_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    """Its checkpoint has no QA head: transformers adds a random one, so the answers mean
+    nothing (it used to be marked meaningful, with no warning anywhere)."""
+    from transformers import AutoModel, AutoTokenizer
+
+    encoder = tmp_path / "encoder"  # e.g. a sentence-transformers folder
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(encoder)
+    AutoModel.from_pretrained(tiny_model_dir).save_pretrained(encoder)
+    done = run_prepare("--model", str(encoder), "--model_dir", str(tmp_path / "m"))
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((tmp_path / "m" / "serving.json").read_text())
+    assert meta["meaningful"] is False and "NOT MEANINGFUL" in meta["warning"]
+    assert "NOT MEANINGFUL" in done.stdout + done.stderr
+
+
 def test_an_fp16_export_below_the_agreement_asked_for_is_refused(tiny_model_dir: Path,
                                                                   tmp_path: Path) -> None:
     done = run_prepare("--model", str(tiny_model_dir), "--model_dir", str(tmp_path / "m"),
