@@ -73,7 +73,11 @@ def export_fp16(model_dir: str | Path, min_agreement: float = MIN_AGREEMENT,
         raise ValueError(f"--fp16 checks the built-in tasks {sorted(TASK_OUTPUT_NAMES)}, not "
                          f"{info.task!r}")
     _convert(folder / info.onnx_file, folder / FP16_FILE)
-    parity = check_parity(folder, info, cases if cases is not None else evaluation_cases())
+    try:
+        parity = check_parity(folder, info, cases if cases is not None else evaluation_cases())
+    except BaseException:  # an unchecked fp16 file must not stay beside the model
+        (folder / FP16_FILE).unlink(missing_ok=True)
+        raise
     log.info("fp16 vs fp32: %d of %d answers agree (%.1f%%); largest output difference %.3g",
              parity["agreeing"], parity["cases"], 100 * parity["agreement"],
              parity["max_abs_logit_diff"])
@@ -127,9 +131,11 @@ _Runner = Callable[[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]
 def _qa_compare(folder: Path, info: ModelInfo, cases: list[tuple[str, str]],
                 run: _Runner) -> tuple[int, float, int]:
     """(answers that agree, largest logit difference over real tokens, cases) for QA."""
-    from tasks.qa import QATask
+    from tasks.qa import QAConfig, QATask
 
-    task = QATask.from_dir(folder, input_names=info.input_names)
+    longest = min(QAConfig().max_seq_len, info.max_seq_len)  # windows the model takes
+    config = QAConfig(max_seq_len=longest, doc_stride=min(QAConfig().doc_stride, longest // 3))
+    task = QATask.from_dir(folder, config, input_names=info.input_names)
     agreeing, largest = 0, 0.0
     for question, context in cases:
         features = task.preprocess(question, context)

