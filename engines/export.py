@@ -9,6 +9,7 @@ onnxruntime) happen here only.
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from datetime import datetime, timezone
 from pathlib import Path
@@ -172,6 +173,7 @@ def export_model_dir(model: torch.nn.Module, tokenizer: Any, out_dir: str | Path
     extra = task_metadata(model, task, feeds)
     tokenizer.save_pretrained(out)
     model.save_pretrained(out, safe_serialization=True)
+    _readable_as_umask_allows(out / "model.safetensors")
     export_onnx(model, out / ONNX_FILE, names, opset, feeds, task)
     diff = verify_onnx(model, out / ONNX_FILE, feeds, task)
     log.info("ONNX vs PyTorch: largest %s difference %.2e (tolerance %.0e)",
@@ -187,3 +189,12 @@ def export_model_dir(model: torch.nn.Module, tokenizer: Any, out_dir: str | Path
     )
     save_model_info(out, info)
     return info
+
+
+def _readable_as_umask_allows(path: Path) -> None:
+    """Give ``path`` the mode a new file gets under the umask (safetensors writes 0600, which
+    a server running as another user cannot read for the PyTorch engine)."""
+    if path.is_file():
+        umask = os.umask(0)
+        os.umask(umask)
+        path.chmod(0o666 & ~umask)

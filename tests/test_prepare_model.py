@@ -199,6 +199,10 @@ def test_fp16_checks_a_qa_model_shorter_than_384_tokens_in_its_own_windows(
     assert done.returncode == 0, done.stderr
     meta = json.loads((tmp_path / "m" / "serving.json").read_text())
     assert meta["max_seq_len"] == 256 and meta["fp16"]["cases"] >= 50
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "m").iterdir() if f.is_file()}
+    assert set(modes.values()) == {0o666 & ~umask}, modes  # safetensors wrote 0600
 
 
 def test_an_fp16_export_below_the_agreement_asked_for_is_refused(tiny_model_dir: Path,
