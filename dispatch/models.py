@@ -19,7 +19,14 @@ from engines.base import Engine
 from engines.model_dir import METADATA_FILE, ModelDirError, ModelInfo, load_model_info
 from engines.zero_engine import ZERO_ENGINE_WARNING
 from protocol.errors import BadRequest
-from protocol.messages import REQUEST_PARSERS, ModelRequest
+from protocol.messages import (
+    REQUEST_PARSERS,
+    AuthRequest,
+    ModelRequest,
+    ModelsRequest,
+    PingRequest,
+    StatsRequest,
+)
 from settings.server_config import ServerConfig
 from tasks import task_class
 from telemetry.stats import ServerStats
@@ -36,13 +43,20 @@ def find_models(model_dir: str | Path) -> list[tuple[str, Path]]:
         ModelDirError: no prepared model there.
     """
     root = Path(model_dir)
-    if (root / METADATA_FILE).is_file():
-        return [(root.resolve().name, root)]
-    found = sorted(p for p in root.iterdir() if (p / METADATA_FILE).is_file()) \
+    folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) \
         if root.is_dir() else []
+    found = [p for p in folders if (p / METADATA_FILE).is_file()]
+    if (root / METADATA_FILE).is_file():
+        if found:  # e.g. `prepare_model.py --task embed` after a model was written to the root
+            log.warning("%s is a model folder itself, so the models in its subfolders (%s) are "
+                        "not served; give each model a subfolder of its own", root,
+                        ", ".join(p.name for p in found))
+        return [(root.resolve().name, root)]
     if not found:
         raise ModelDirError(f"no prepared model in {root.resolve()} (no {METADATA_FILE} in it or "
                             "in its subfolders); run `python prepare_model.py` first")
+    if skipped := [p.name for p in folders if p not in found]:  # an interrupted prepare, say
+        log.warning("not served, no %s in them: %s", METADATA_FILE, ", ".join(skipped))
     return [(path.name, path) for path in found]
 
 
@@ -88,6 +102,10 @@ def make_backend(config: ServerConfig, info: ModelInfo, stats: ServerStats,
                         engine_factory=engine_factory)
 
 
+#: Ops the server answers itself, whatever models it serves.
+CONTROL_OPS = frozenset({PingRequest.op, StatsRequest.op, ModelsRequest.op, AuthRequest.op})
+
+
 class ModelSet:
     """Every served model, in name order, and the routing of requests to them.
 
@@ -117,6 +135,9 @@ class ModelSet:
             if self.config.inference_engine_type == "zero":  # nothing runs the weights
                 info = replace(info, meaningful=False, warning=ZERO_ENGINE_WARNING)
             cls = task_class(info.task)
+            if cls.op in CONTROL_OPS:  # the built-in op would always win: never reachable
+                raise ValueError(f"model {name}: task {info.task!r} answers op {cls.op!r}, "
+                                 f"which the server answers itself; give the task another op")
             self.models[name] = ServedModel(
                 name=name, config=replace(self.config, model_dir=str(path)), info=info,
                 op=cls.op, stats=ServerStats(cls.op, self.stats), fields=dict(cls.fields))

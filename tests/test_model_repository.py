@@ -113,6 +113,22 @@ def test_stats_and_metrics_are_kept_per_model(server: InferenceServer) -> None:
         == beta["request_time"]["count"]
 
 
+def test_models_left_out_of_a_repository_are_named_in_the_log(
+        repository: Path, tiny_model_dir: Path, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from dispatch.models import find_models
+
+    with caplog.at_level("WARNING", logger="dispatch.models"):
+        assert [name for name, _ in find_models(repository)] == ["alpha", "beta"]
+    assert "not served, no serving.json in them: notes" in caplog.text
+    root = Path(shutil.copytree(tiny_model_dir, tmp_path / "root"))  # a model folder itself...
+    shutil.copytree(tiny_model_dir, root / "embed")  # ...holding another model
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="dispatch.models"):
+        assert [name for name, _ in find_models(root)] == ["root"]
+    assert "models in its subfolders (embed) are not served" in caplog.text
+
+
 def test_a_folder_without_models_fails_the_start_with_a_hint(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     config = ServerConfig(port=0, model_dir=str(tmp_path))

@@ -263,6 +263,21 @@ def test_a_plug_in_result_msgpack_cannot_carry_fails_alone_as_internal(
         assert client.stats(timeout=30)["requests"]["classify_raw"] == {"internal": 1, "ok": 1}
 
 
+def test_a_plug_in_taking_an_op_the_server_answers_itself_fails_the_start(
+        repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _docs_plug_in(tmp_path, monkeypatch)
+    (tmp_path / "mytasks" / "pinging.py").write_text(
+        "from mytasks.classify_many import ClassifyManyTask\n\n"
+        "class PingTask(ClassifyManyTask):\n"
+        "    op = 'ping'\n")
+    folder = shutil.copytree(repository / "cls", tmp_path / "models" / "pinging")
+    meta = json.loads((folder / "serving.json").read_text())
+    (folder / "serving.json").write_text(json.dumps({**meta, "task": "mytasks.pinging:PingTask"}))
+    config = ServerConfig(port=0, model_dir=str(folder), num_inference_sessions=1)
+    with pytest.raises(ValueError, match="op 'ping', which the server answers itself"):
+        InferenceServer(config).start()
+
+
 def test_a_plug_in_task_through_the_client_and_the_repl(
         repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _docs_plug_in(tmp_path, monkeypatch)
