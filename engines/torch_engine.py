@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from engines import TORCH_GRAPHS
-from engines.base import Engine, check_outputs
+from engines.base import TASK_OUTPUT_NAMES, Engine, check_outputs
 from engines.model_dir import load_model_info
 from engines.task_models import TaskOutputs, load_task_model
 from engines.torch_graph import Forward, run_graph, trace_checked
@@ -89,7 +89,10 @@ class TorchEngine(Engine):
             model = load_task_model(info.task, model_dir)
         self.precision = torch_precision(precision, self.torch_device)
         self.input_names = tuple(info.input_names)
-        self.output_names = tuple(info.output_names)
+        self.output_names = TASK_OUTPUT_NAMES[info.task]  # the order TaskOutputs returns
+        if set(info.output_names) != set(self.output_names):  # serving.json's order may differ
+            raise ValueError(f"serving.json names outputs {info.output_names}; a {info.task} "
+                             f"model gives {list(self.output_names)}")
         self._config = model.config
         self.model = TaskOutputs(model, info.task, list(self.input_names)).eval().to(
             self.torch_device, dtype=_DTYPES[self.precision])

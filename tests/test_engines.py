@@ -67,6 +67,25 @@ def test_onnx_and_pytorch_logits_agree(tiny_model_dir: Path) -> None:
         np.testing.assert_allclose(onnx_out[name][mask], torch_out[name][mask], atol=1e-4)
 
 
+def test_engines_name_outputs_by_the_model_whatever_order_serving_json_lists_them(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """PyTorch named its outputs in serving.json's order: listed the other way round, start
+    and end swapped and the answers changed silently."""
+    import shutil
+
+    folder = Path(shutil.copytree(tiny_model_dir, tmp_path / "m"))
+    meta = json.loads((folder / METADATA_FILE).read_text())
+    (folder / METADATA_FILE).write_text(json.dumps(
+        {**meta, "output_names": ["end_logits", "start_logits"]}))
+    feeds = _feeds(tiny_model_dir)
+    expected = load_engine("onnx", tiny_model_dir, threads=1).run(feeds)
+    mask = feeds["attention_mask"].astype(bool)
+    for kind in ("onnx", "pytorch"):
+        got = load_engine(kind, folder, threads=1).run(feeds)
+        for name in ("start_logits", "end_logits"):
+            np.testing.assert_allclose(got[name][mask], expected[name][mask], atol=1e-4)
+
+
 @pytest.mark.parametrize("kind", ["onnx", "pytorch"])
 def test_explicit_cuda_without_gpu_is_a_clear_error(tiny_model_dir: Path, kind: str) -> None:
     import torch
