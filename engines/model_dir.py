@@ -83,10 +83,43 @@ def load_model_info(model_dir: str | Path) -> ModelInfo:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ModelDirError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelDirError(f"{path} holds a JSON {type(data).__name__}, not an object")
     if data.get("format") != FORMAT_VERSION:
         raise ModelDirError(f"{path} has format {data.get('format')!r}, expected {FORMAT_VERSION}")
+    if problems := _type_problems(data):
+        raise ModelDirError(f"{path}: {'; '.join(problems)}")
     known = set(ModelInfo.__dataclass_fields__)
     return ModelInfo(**{k: v for k, v in data.items() if k in known})
+
+
+def _is_names(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
+
+
+#: What each serving.json field must hold (fields not listed: anything), and in words.
+_FIELD_TYPES: dict[str, tuple[Any, str]] = {
+    **dict.fromkeys(("model_name", "source", "task", "onnx_file"),
+                    (lambda v: isinstance(v, str), "a string")),
+    **dict.fromkeys(("input_names", "output_names"), (_is_names, "a non-empty list of strings")),
+    **dict.fromkeys(("meaningful", "squad2"), (lambda v: isinstance(v, bool), "true or false")),
+    **dict.fromkeys(("max_seq_len", "onnx_opset"),
+                    (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+                     "a positive integer")),
+    "warning": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "labels": (lambda v: v is None or _is_names(v), "null or a non-empty list of strings"),
+    "embedding_dim": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
+                      "an integer or null"),
+}
+
+
+def _type_problems(data: dict[str, Any]) -> list[str]:
+    """What is wrong with serving.json's fields, in words (empty: nothing)."""
+    missing = [f"{name} is missing" for name in ("model_name", "source", "input_names")
+               if name not in data]
+    wrong = [f"{name} must be {words}, not {data[name]!r}"
+             for name, (ok, words) in _FIELD_TYPES.items() if name in data and not ok(data[name])]
+    return missing + wrong
 
 
 def save_model_info(model_dir: str | Path, info: ModelInfo) -> Path:

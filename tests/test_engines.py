@@ -107,6 +107,22 @@ def test_unknown_metadata_format_is_refused(tmp_path: Path) -> None:
         load_model_info(tmp_path)
 
 
+@pytest.mark.parametrize("edit, why", [
+    ({"meaningful": "false"}, "meaningful must be true or false, not 'false'"),
+    ({"labels": [0, 1]}, "labels must be null or a non-empty list of strings"),
+    ({"input_names": "input_ids"}, "input_names must be a non-empty list of strings"),
+    ({"max_seq_len": True}, "max_seq_len must be a positive integer"),
+    ({"model_name": None}, "model_name must be a string"),
+])
+def test_serving_json_fields_of_the_wrong_type_are_refused_naming_file_and_field(
+        tiny_model_dir: Path, tmp_path: Path, edit: dict, why: str) -> None:
+    """A string "false" made a model meaningful; other types failed later, naming nothing."""
+    meta = json.loads((tiny_model_dir / METADATA_FILE).read_text())
+    (tmp_path / METADATA_FILE).write_text(json.dumps({**meta, **edit}))
+    with pytest.raises(ModelDirError, match=f"serving.json: .*{why}"):
+        load_model_info(tmp_path)
+
+
 def test_unknown_engine_type_is_refused(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="unknown engine"):
         load_engine("tensorrt", tiny_model_dir)
