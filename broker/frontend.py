@@ -28,9 +28,10 @@ import redis
 
 from broker.connect import ADMIT_SCRIPT, BLOCK_S, BROKER_ERRORS, Keys, connect, ensure_group, redact
 from broker.expiry import ExpiryClock
+from broker.given_up import GivenUp
 from broker.monitor import BrokerMonitor
 from broker.wire import FIELD, Reply, decode_reply, encode_work
-from engines.model_dir import ModelInfo
+from engines.model_dir import ModelInfo, model_fingerprint
 from protocol.errors import (
     DeadlineExceeded,
     InternalError,
@@ -95,7 +96,9 @@ class RedisBackend:
         self._refusing = False  # stop() began: no new work; replies are still read
         self._stopping = False  # the reply thread ends
         self._last_id = b"0-0"
-        self.counts = {"duplicate_replies": 0, "unavailable": 0, "reconnects": 0}
+        self.counts = {"duplicate_replies": 0, "late_replies": 0, "unavailable": 0,
+                       "reconnects": 0}
+        self._given_up = GivenUp()  # answered without their reply (guarded by _lock)
         #: Per answered request: from going to Redis until its reply was read, less the time a
         #: worker held it: what the hop through Redis costs, both ways (guarded by _lock).
         self.hop_time = Timing()
@@ -116,6 +119,7 @@ class RedisBackend:
             raise RuntimeError(f"--broker serves qa models only; this one's task is "
                                f"{self.info.task!r} (serve it without --broker)")
         self.task = QATask.from_model(self.config.model_dir, self.info, self.config)
+        self.monitor.model = model_fingerprint(self.config.model_dir)
         try:
             self._connect()
         except redis.AuthenticationError as exc:  # a ConnectionError to redis-py; not to us
@@ -163,7 +167,7 @@ class RedisBackend:
                         length=length, enqueued_at=enqueued_at, deadline=deadline)
         number = next(self._numbers)
         payload = encode_work(self.reply_key, number, features, task.tokenizer.pad_id, length,
-                              enqueued_at, deadline)
+                              enqueued_at, deadline, self.monitor.model)
         if not hasattr(self._staged, "items"):
             self._staged.items = []
         self._staged.items.append((InFlight(number, item), payload))
@@ -258,8 +262,9 @@ class RedisBackend:
                 if reply is None:
                     continue
                 record = self._in_flight.pop(reply.number, None)
-                if record is None:  # answered already: delivered twice, or given up on
-                    self.counts["duplicate_replies"] += 1
+                if record is None:  # answered already: given up on, or delivered twice
+                    late = self._given_up.take(reply.number)
+                    self.counts["late_replies" if late else "duplicate_replies"] += 1
                 else:
                     answers.append((record, reply))
                     self.hop_time.observe(max(0.0, now - record.sent_at - reply.held_s))
@@ -301,6 +306,7 @@ class RedisBackend:
     def _fail(self, numbers: list[int], error: ServerError) -> None:
         with self._lock:
             records = [r for n in numbers if (r := self._in_flight.pop(n, None)) is not None]
+            self._given_up.add(r.number for r in records)
             if isinstance(error, Unavailable):
                 self.counts["unavailable"] += len(records)
             self._lock.notify_all()
@@ -325,6 +331,7 @@ class RedisBackend:
             gone = [r for r in self._in_flight.values() if drop(r.item)]
             for record in gone:
                 del self._in_flight[record.number]
+            self._given_up.add(r.number for r in gone)
             self._lock.notify_all()
         entries = [r.entry for r in gone if r.entry is not None]
         if entries and self._up:
@@ -365,10 +372,10 @@ class RedisBackend:
         return self.monitor.worker_entries()
 
     def summed(self, stats: ServerStats, figures: list[dict[str, Any]]) -> ServerStats:
-        """This front end's ``stats`` plus every live worker's batch figures (those count the
-        work of every front end the workers serve)."""
+        """This front end's ``stats`` plus every worker's newest batch figures, gone workers'
+        included (those count the work of every front end the workers serve)."""
         merged = stats.copy()
-        known = [w["known_figures"] for w in figures if w["known_figures"]]
+        known = list(self.monitor.seen_figures.values())
         for source in known:
             merged.absorb(source, share=1 / len(known))
         return merged

@@ -45,6 +45,11 @@ class BrokerMonitor(threading.Thread):
         self.stream_length = 0
         self.pending = 0
         self.workers: list[dict[str, Any]] = []  # live workers' heartbeats, newest look
+        #: Every worker's newest batch figures, by name: the gone ones' too (their samples
+        #: dropped), so that sums over workers never go back when one leaves.
+        self.seen_figures: dict[str, dict[str, Any]] = {}
+        self.model: str | None = None  # the front end's model_fingerprint, once it has loaded
+        self._told: set[str] = set()  # workers of another model already logged
         self._stop = threading.Event()
 
     def run(self) -> None:
@@ -78,6 +83,15 @@ class BrokerMonitor(threading.Thread):
         self.stream_length = length if isinstance(length, int) else 0
         self.pending = pending.get("pending", 0) if isinstance(pending, dict) else 0
         self.workers = [_parse(beat) for beat in beats if beat is not None]
+        self._remember_figures()
+
+    def _remember_figures(self) -> None:
+        """Swap in a new ``seen_figures`` (readers on other threads see one or the other)."""
+        live = {w.get("worker"): w["figures"] for w in self.workers
+                if isinstance(w.get("figures"), dict)}
+        gone = {name: _without_samples(figures) for name, figures in self.seen_figures.items()
+                if name not in live}  # gone, or away a while: back, it is live again
+        self.seen_figures = {**gone, **live}
 
     def _forget(self, names: list[str]) -> None:
         try:
@@ -88,8 +102,21 @@ class BrokerMonitor(threading.Thread):
 
     @property
     def serving_workers(self) -> int:
-        """Workers whose last heartbeat said they take work."""
-        return sum(1 for w in self.workers if w.get("state") == "serving")
+        """Workers of this front end's model whose last heartbeat said they take work."""
+        return sum(1 for w in self.workers if w.get("state") == "serving" and self._ours(w))
+
+    def _ours(self, worker: dict[str, Any]) -> bool:
+        """Whether ``worker`` serves this front end's model (say once when it does not)."""
+        theirs = worker.get("model")
+        if theirs is None or self.model is None or theirs == self.model:
+            return True
+        name = str(worker.get("worker"))
+        if name not in self._told:
+            self._told.add(name)
+            log.error("worker %s serves another model (%s) than this front end (%s): not "
+                      "counted, and what it takes is answered 'internal'; give both the same "
+                      "prepared model folder", name, theirs, self.model)
+        return False
 
     def figures(self) -> dict[str, Any]:
         """The work stream and the workers at the last look (claims and redeliveries summed over
@@ -111,6 +138,13 @@ class BrokerMonitor(threading.Thread):
     def stop(self) -> None:
         """Stop looking (returns at once; the thread ends within a second)."""
         self._stop.set()
+
+
+def _without_samples(figures: dict[str, Any]) -> dict[str, Any]:
+    """Batch figures with their counts and totals kept, their recent samples dropped."""
+    return {**figures, **{key: {**figures[key], "recent": []}
+                          for key in ("queue_time", "engine_time")
+                          if isinstance(figures.get(key), dict)}}
 
 
 def _parse(beat: bytes) -> dict[str, Any]:

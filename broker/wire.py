@@ -41,11 +41,13 @@ class Work:
     enqueued_at: float  # time.monotonic() of this process
     deadline: float | None  # time.monotonic() of this process
     taken_at: float  # time.monotonic() when this process read it
+    model: str | None = None  # the front end's model_fingerprint (None: it sent none)
 
 
 def encode_work(reply_to: str, number: int, rows: TokenRows, pad_id: int, padded_length: int,
-                enqueued_at: float, deadline: float | None) -> bytes:
-    """A work entry for one request; ``enqueued_at`` and ``deadline`` in ``time.monotonic()``."""
+                enqueued_at: float, deadline: float | None, model: str | None = None) -> bytes:
+    """A work entry for one request; ``enqueued_at`` and ``deadline`` in ``time.monotonic()``;
+    ``model``: the front end's model fingerprint, which a worker checks against its own."""
     ids = np.ascontiguousarray(rows.input_ids, dtype=np.int32)
     entry: dict[str, Any] = {
         "r": reply_to, "i": number, "t": to_wall(enqueued_at), "p": pad_id, "n": padded_length,
@@ -53,6 +55,8 @@ def encode_work(reply_to: str, number: int, rows: TokenRows, pad_id: int, padded
         "tt": np.ascontiguousarray(rows.token_type_ids, dtype=np.uint8).tobytes()}
     if deadline is not None:
         entry["d"] = to_wall(deadline)
+    if model is not None:
+        entry["m"] = model
     return msgpack.packb(entry)
 
 
@@ -75,7 +79,8 @@ def decode_work(payload: bytes) -> Work:
                                     pad_id=int(entry["p"]), padded_length=int(entry["n"])),
                     enqueued_at=to_monotonic(float(entry["t"])),
                     deadline=None if deadline is None else to_monotonic(float(deadline)),
-                    taken_at=time.monotonic())
+                    taken_at=time.monotonic(),
+                    model=None if entry.get("m") is None else str(entry["m"]))
     except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
         raise ValueError(f"not a work entry: {type(exc).__name__}: {exc}") from exc
     if rows == 0 or ids.shape != types.shape or work.rows.padded_length < ids.shape[1] \

@@ -9,8 +9,8 @@ so work a busy worker cannot start yet stays in Redis for idle ones; sessions ba
 cost-aware as the in-process server does; replies go back, and the entries are acknowledged
 and deleted, in one round trip per bulk (broker/outbox.py: by an idle session's own thread, else
 by the outbox thread). Entries another worker took and did not settle within
-``--claim_idle_ms`` (it died) are claimed with XAUTOCLAIM and run again: at-least-once delivery,
-and each front end answers a request once. An entry delivered ``MAX_DELIVERIES`` times (it
+``--claim_idle_ms`` (it died) are claimed (XPENDING, then XCLAIM; never a worker's own) and run
+again: at-least-once delivery, and each front end answers a request once. An entry delivered ``MAX_DELIVERIES`` times (it
 kills workers) is answered ``worker_lost`` instead of being run again.
 """
 
@@ -34,8 +34,8 @@ from broker.connect import BLOCK_S, BROKER_ERRORS, GROUP, Keys, connect, ensure_
 from broker.outbox import ReplyOutbox
 from broker.wire import FIELD, Work, decode_work, encode_answer, encode_error
 from engines.base import Engine
-from engines.model_dir import ModelInfo, load_model_info
-from protocol.errors import ServerError, WorkerLost
+from engines.model_dir import ModelInfo, load_model_info, model_fingerprint
+from protocol.errors import InternalError, ServerError, WorkerLost
 from scheduling.planner import MIN_GAIN
 from scheduling.pool import BACKOFF_S, SessionPool
 from scheduling.queue import DeadlineReaper, WorkItem, WorkQueue
@@ -107,12 +107,13 @@ class RedisWorker:
         self.outbox = ReplyOutbox(self.client, self.keys, self._settled,
                                   idle=lambda: not len(self.queue))
         self.pool: SessionPool | None = None
-        self.counts = {"claims": 0, "redeliveries": 0, "expired": 0, "unreadable": 0}
+        self.counts = {"claims": 0, "redeliveries": 0, "expired": 0, "unreadable": 0,
+                       "wrong_model": 0}
+        self.model = model_fingerprint(config.model_dir)
         self._held = 0  # entries taken and not yet settled
         self._cond = threading.Condition()
         self._stopping = threading.Event()
         self._up = False
-        self._claim_cursor = "0-0"
         self._threads = [threading.Thread(target=self._read, name="broker-reader", daemon=True),
                          threading.Thread(target=self._beat, name="heartbeat", daemon=True)]
 
@@ -224,20 +225,22 @@ class RedisWorker:
             self._cond.notify_all()
 
     def _claim(self, room: int) -> bool:
-        """Take over entries idle for ``--claim_idle_ms`` in any worker's hands; True if any
-        were (a dead worker's: the rest follow as fast as there is room)."""
-        claimed = self.client.xautoclaim(
-            self.keys.work, GROUP, self.name, min_idle_time=int(self.config.claim_idle_ms),
-            start_id=self._claim_cursor, count=room)
-        cursor, entries = claimed[0], claimed[1]  # Redis 7 adds the ids of deleted entries
-        self._claim_cursor = cursor
-        if not entries:
+        """Take over entries idle for ``--claim_idle_ms`` in another worker's hands (never our
+        own: a slow local queue is not a dead worker); True if any were (a dead worker's: the
+        rest follow as fast as there is room)."""
+        idle = int(self.config.claim_idle_ms)
+        stale = self.client.xpending_range(self.keys.work, GROUP, min="-", max="+",
+                                           count=room + self.window, idle=idle)
+        theirs = [p for p in stale if _text(p["consumer"]) != self.name][:room]
+        if not theirs:
+            return False
+        entries = self.client.xclaim(self.keys.work, GROUP, self.name, min_idle_time=idle,
+                                     message_ids=[p["message_id"] for p in theirs])
+        if not entries:  # another worker claimed them first
             return False
         self.counts["claims"] += len(entries)
         log.warning("claimed %d entries another worker left unanswered", len(entries))
-        delivered = {e["message_id"]: e["times_delivered"] for e in self.client.xpending_range(
-            self.keys.work, GROUP, min=entries[0][0], max=entries[-1][0], count=len(entries),
-            consumername=self.name)}
+        delivered = {p["message_id"]: p["times_delivered"] + 1 for p in theirs}  # + this claim
         runnable = []
         for entry in entries:
             if delivered.get(entry[0], 0) > MAX_DELIVERIES:
@@ -263,6 +266,11 @@ class RedisWorker:
             work = self._decode((entry_id, fields))
             if work is None:
                 self.outbox.put(entry_id, None, None)
+            elif work.model is not None and work.model != self.model:
+                self.counts["wrong_model"] += 1
+                self.outbox.put(entry_id, work.reply_to, encode_error(
+                    work.number, InternalError.code, f"worker {self.name} serves another model "
+                    f"({self.model}) than the front end ({work.model})"))
             elif work.deadline is not None and work.deadline <= now:
                 self.counts["expired"] += 1
                 self.stats.count_event("deadline_exceeded")
@@ -319,7 +327,8 @@ class RedisWorker:
                 "state": "serving" if serving else "draining" if self._stopping.is_set()
                 else "starting", "in_flight": self._held,
                 "restarts": figures["events"].get("session_restart", 0), "figures": figures,
-                "describe": describe_serving(self.policy, engine), **self.counts,
+                "describe": describe_serving(self.policy, engine), "model": self.model,
+                **self.counts,
                 "lost_replies": self.outbox.lost}
 
     def _beat(self) -> None:
@@ -376,6 +385,10 @@ class RedisWorker:
                 self.client.xgroup_delconsumer(self.keys.work, GROUP, self.name)
         except redis.RedisError as exc:
             log.warning("could not say goodbye to the broker: %s", exc)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def run_worker(config: ServerConfig, stop: threading.Event) -> int:

@@ -12,6 +12,7 @@ This module only reads and writes metadata; it imports neither torch nor onnxrun
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -120,6 +121,16 @@ def _type_problems(data: dict[str, Any]) -> list[str]:
     wrong = [f"{name} must be {words}, not {data[name]!r}"
              for name, (ok, words) in _FIELD_TYPES.items() if name in data and not ok(data[name])]
     return missing + wrong
+
+
+def model_fingerprint(model_dir: str | Path) -> str:
+    """A short hash of the folder's serving.json and tokenizer.json: equal for copies of one
+    prepared folder, different for another model (or the same one prepared again)."""
+    digest = hashlib.sha256()
+    for name in (METADATA_FILE, "tokenizer.json"):
+        path = Path(model_dir) / name
+        digest.update(path.read_bytes() if path.is_file() else b"")
+    return digest.hexdigest()[:16]
 
 
 def save_model_info(model_dir: str | Path, info: ModelInfo) -> Path:

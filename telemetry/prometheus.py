@@ -170,8 +170,10 @@ def _broker_families(broker: dict[str, Any]) -> Iterator[Metric]:
     for name, doc in (("claims", "Work entries claimed from a worker that left them "
                        "unanswered (summed over the live workers)"),
                       ("redeliveries", "Claimed work entries run again (live workers)"),
-                      ("duplicate_replies", "Replies for requests this front end had already "
-                       "answered (dropped)"),
+                      ("duplicate_replies", "Second replies for requests a first reply had "
+                       "answered (a claimed entry run twice; dropped)"),
+                      ("late_replies", "Replies for requests answered before them: deadline, "
+                       "unavailable, client gone (dropped)"),
                       ("unavailable", "Requests in flight answered 'unavailable' because Redis "
                        "was lost"),
                       ("reconnects", "Times this front end reconnected to Redis")):

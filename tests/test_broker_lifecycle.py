@@ -139,3 +139,99 @@ def test_a_worker_that_cannot_hand_back_its_replies_does_not_exit_zero(
         front.shutdown(10)
         if worker.poll() is None:
             worker.kill()
+
+
+def test_summed_batch_counters_do_not_go_back_when_a_worker_leaves(
+        broker: RedisServer, tiny_model_dir: Path) -> None:
+    """They summed the live workers' heartbeats only: a worker gone took its batches along."""
+    workers = [start_worker(broker.url, tiny_model_dir) for _ in range(2)]
+    front = front_end(broker.url, tiny_model_dir)
+    try:
+        wait_serving(front, 2)
+        with Client(*front.address) as client:
+            for future in [client.submit(QUESTIONS[i % 6], CONTEXTS[i % 6]) for i in range(60)]:
+                future.result(timeout=60)
+            time.sleep(2.5)  # heartbeats carry the figures, once a second each way
+            before = client.stats(timeout=30)["batches"]
+            assert stop_worker(workers[0]) == 0
+            wait_serving(front, 1)
+            time.sleep(1.5)
+            after = client.stats(timeout=30)["batches"]
+        assert before > 0 and after >= before, (before, after)
+    finally:
+        front.shutdown(10)
+        for worker in workers:
+            if worker.poll() is None:
+                stop_worker(worker)
+
+
+def test_a_worker_never_claims_entries_its_own_queue_holds(broker: RedisServer,
+                                                           tiny_model_dir: Path) -> None:
+    """It claimed them once they idled past --claim_idle_ms in its local queue: each run twice,
+    each counted a claim (the alert for dying workers), each a delivery nearer worker_lost."""
+    from broker.worker import RedisWorker
+    from engines import load_engine
+    from engines.model_dir import load_model_info
+    from server import ServerConfig
+    from tests.helpers import GatedEngine
+
+    engine = GatedEngine(load_engine("onnx", tiny_model_dir, threads=1))
+    config = ServerConfig(model_dir=str(tiny_model_dir), broker=broker.url, role="worker",
+                          num_inference_sessions=1, threads_per_session=1, max_batch_size=4,
+                          claim_idle_ms=100)
+    worker = RedisWorker(config, load_model_info(tiny_model_dir), engine_factory=lambda: engine)
+    worker.start()
+    front = front_end(broker.url, tiny_model_dir)
+    try:
+        wait_serving(front, 1)
+        engine.gate.clear()  # the session holds its batch; the rest wait in the local queue
+        conn = RawConnection(front.address, timeout=60)
+        conn.send_raw(pipelined(8))
+        wait_until(lambda: len(worker.queue) > 0)
+        time.sleep(1.0)  # ten claim periods past --claim_idle_ms
+        claims = worker.counts["claims"]
+        engine.gate.set()
+        replies = conn.recv_replies(8)
+        assert all(reply.get("error") is None for reply in replies.values())
+        assert claims == 0 and worker.counts["claims"] == 0
+        assert front.backend.counts["duplicate_replies"] == 0  # type: ignore[union-attr]
+        conn.close()
+    finally:
+        engine.gate.set()
+        front.shutdown(10)
+        worker.stop(10)
+
+
+def test_a_worker_of_another_model_is_not_counted_and_answers_nothing_of_it(
+        broker: RedisServer, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Work and heartbeats carried no model: answers depended on which worker ran them."""
+    from tests.broker_fixtures import heartbeats
+    from tests.conftest import build_tiny_model_dir
+    from tests.helpers import Reference
+
+    other = build_tiny_model_dir(tmp_path / "other", seed=7)
+    workers = [start_worker(broker.url, tiny_model_dir), start_worker(broker.url, other)]
+    front = front_end(broker.url, tiny_model_dir)
+    try:
+        wait_until(lambda: len(heartbeats(broker.client())) == 2, 60)
+        wait_serving(front, 1)
+        time.sleep(1.5)  # a look that would count the other model's worker too
+        assert front.backend.monitor.serving_workers == 1  # type: ignore[union-attr]
+        reference = Reference(tiny_model_dir)
+        total = 40
+        conn = RawConnection(front.address, timeout=60)
+        conn.send_raw(b"".join(encode_frame(qa_request(i, QUESTIONS[i % 6], CONTEXTS[i % 6]))
+                               for i in range(total)))
+        replies = conn.recv_replies(total)
+        for i, reply in replies.items():
+            if reply.get("error"):
+                assert reply["error"]["code"] == "internal", reply
+                assert "serves another model" in reply["error"]["message"]
+            else:
+                assert reply["result"] == reference.answer(QUESTIONS[i % 6], CONTEXTS[i % 6])
+        conn.close()
+    finally:
+        front.shutdown(10)
+        for worker in workers:
+            if worker.poll() is None:
+                stop_worker(worker)
