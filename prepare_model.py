@@ -183,6 +183,9 @@ def plan(args: argparse.Namespace) -> list[tuple[str, Path]]:
     """
     chosen = args.model is not None or args.packaged_minilm or args.random_bert_base \
         or args.random_tiny
+    if not 0 <= args.fp16_min_agreement <= 1:
+        raise ValueError(f"--fp16_min_agreement is a share of the cases, from 0 to 1, not "
+                         f"{args.fp16_min_agreement:g}")
     if args.packaged_minilm + args.random_bert_base + args.random_tiny > 1:
         raise ValueError("choose one of --packaged_minilm, --random_bert_base and --random_tiny")
     if args.model is not None and (args.packaged_minilm or args.random_bert_base
@@ -294,10 +297,15 @@ def main(argv: list[str] | None = None) -> int:
     for task, out in jobs:
         try:
             source = load(args, task)
+            warning, code = prepare(args, task, source, out)
         except SourceError as exc:
             log.error("%s", exc)
             return 1
-        warning, code = prepare(args, task, source, out)
+        except (OSError, ValueError, RuntimeError) as exc:  # cannot load, write or export it
+            log.error("cannot prepare the %s model in %s: %s: %s", task, out, type(exc).__name__,
+                      exc)
+            log.debug("where it failed", exc_info=True)
+            return 1
         warnings += [warning] if warning else []
         status = max(status, code)
     for warning in warnings:
