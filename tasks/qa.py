@@ -29,6 +29,7 @@ from tasks.qa_features import QAFeatures, build_features
 from tasks.qa_tokenizer import QATokenizer
 from tasks.qa_windows import ContextWindows, check_question_room
 from tasks.rows import QA_OUTPUTS, split_rows, stack_rows
+from tasks.text import fitting_buckets
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -256,17 +257,14 @@ class QATask:
 
 
 def padded_lengths(lengths: Sequence[int], max_seq_len: int) -> tuple[int, ...]:
-    """Bucket lengths, ascending, ending with ``max_seq_len``; empty when none are asked for.
+    """Bucket lengths up to ``max_seq_len``, ascending, ending with it; empty when none are
+    asked for. Longer ones are left out, as for the text tasks: one --length_buckets serves a
+    repository of models of different lengths.
 
     Raises:
-        ValueError: A length not in 1..max_seq_len.
+        ValueError: A length that is not positive.
     """
-    if not lengths:
-        return ()
-    if not all(0 < length <= max_seq_len for length in lengths):
-        raise ValueError(f"length buckets must be within 1..max_seq_len={max_seq_len}, got "
-                         f"{tuple(lengths)}")
-    return tuple(sorted({*lengths, max_seq_len}))
+    return fitting_buckets(lengths, max_seq_len)
 
 
 def _check_logits(features: QAFeatures, start: np.ndarray, end: np.ndarray) -> None:
