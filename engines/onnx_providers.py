@@ -2,7 +2,8 @@
 
 The order is TensorRT, CUDA, CPU: each one takes the parts of the graph it can run. TensorRT is
 asked for only where its libraries load, and keeps its built engines in the model folder
-(``trt_cache/``), so a restart reuses them instead of building for minutes. ``open_session``
+(``trt_cache/``; under the user's cache folder where the model folder is read-only), so a
+restart reuses them instead of building for minutes. ``open_session``
 makes sure a session runs on the GPU it was given, or, for ``--device auto``, on the CPU when the
 GPU cannot start (onnxruntime's own retry of a failing list forgets the GPU index).
 ``provider_report`` is the start-up log line: what was asked, what runs, and why each missing
@@ -12,7 +13,9 @@ provider is missing.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import logging
+import os
 from pathlib import Path
 
 import onnxruntime as ort
@@ -35,6 +38,25 @@ def tensorrt_libraries() -> bool:
     except OSError:
         return False
     return True
+
+
+def trt_cache_dir(model_dir: Path) -> Path:
+    """Where TensorRT keeps its engines: the model folder's ``trt_cache/``, or, where that
+    cannot be written (a read-only mount), a folder of this model's under the user's cache."""
+    wanted = Path(model_dir) / TRT_CACHE_DIR
+    try:
+        wanted.mkdir(exist_ok=True)
+        if os.access(wanted, os.W_OK):
+            return wanted
+    except OSError:
+        pass
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    key = hashlib.sha256(str(Path(model_dir).resolve()).encode()).hexdigest()[:16]
+    fallback = home / "qa-server" / TRT_CACHE_DIR / key
+    fallback.mkdir(parents=True, exist_ok=True)
+    log.warning("%s cannot be written (a read-only mount?): TensorRT engines are cached in %s "
+                "instead", wanted, fallback)
+    return fallback
 
 
 def choose_providers(device: str, *, model_dir: Path | None = None, fp16: bool = False,
@@ -67,7 +89,7 @@ def choose_providers(device: str, *, model_dir: Path | None = None, fp16: bool =
                                       "trt_engine_cache_enable": True,
                                       "trt_timing_cache_enable": True}
         if model_dir is not None:
-            options["trt_engine_cache_path"] = str(model_dir / TRT_CACHE_DIR)
+            options["trt_engine_cache_path"] = str(trt_cache_dir(model_dir))
         chain.append((TENSORRT_PROVIDER, options))
     return chain + [(CUDA_PROVIDER, {"device_id": index}), CPU_PROVIDER]
 

@@ -38,6 +38,17 @@ def test_providers_go_tensorrt_then_cuda_then_cpu(tmp_path: Path) -> None:
         choose_providers("cuda", available=[CPU_PROVIDER])
 
 
+def test_a_model_folder_that_cannot_be_written_caches_tensorrt_engines_elsewhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """compose.yaml mounts saved_models read-only; TensorRT fails to create its cache there."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "not-a-folder").write_text("")  # nothing can be made under a file (even by root)
+    model_dir = tmp_path / "not-a-folder" / "qa"
+    chain = choose_providers("cuda", model_dir=model_dir, available=ALL, tensorrt=True)
+    cache = Path(dict(chain[0][1])["trt_engine_cache_path"])  # type: ignore[index]
+    assert cache.is_dir() and cache.is_relative_to(tmp_path / "cache" / "qa-server")
+
+
 def test_the_report_says_why_each_missing_provider_is_missing() -> None:
     asked = choose_providers("cuda", available=ALL, tensorrt=True)
     line = provider_report(asked, [CUDA_PROVIDER, CPU_PROVIDER], ALL)
