@@ -235,6 +235,14 @@ def _docs_plug_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delitem(sys.modules, name)  # another test's folder
 
 
+def _plug_in_folder(repository: Path, tmp_path: Path, name: str, task: str) -> Path:
+    """A copy of the repository's classifier whose serving.json names the plug-in ``task``."""
+    folder = Path(shutil.copytree(repository / "cls", tmp_path / "models" / name))
+    meta = json.loads((folder / "serving.json").read_text())
+    (folder / "serving.json").write_text(json.dumps({**meta, "task": task}))
+    return folder
+
+
 def test_a_plug_in_result_msgpack_cannot_carry_fails_alone_as_internal(
         repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """It used to get no reply at all (the encoding failed after the request was counted ok)."""
@@ -249,9 +257,7 @@ def test_a_plug_in_result_msgpack_cannot_carry_fails_alone_as_internal(
         "        if features.rows == 2:\n"
         "            out['raw'] = np.float32(1.0)  # msgpack cannot pack a numpy scalar\n"
         "        return out\n")
-    folder = shutil.copytree(repository / "cls", tmp_path / "models" / "raw")
-    meta = json.loads((folder / "serving.json").read_text())
-    (folder / "serving.json").write_text(json.dumps({**meta, "task": "mytasks.raw:RawTask"}))
+    folder = _plug_in_folder(repository, tmp_path, "raw", "mytasks.raw:RawTask")
     config = ServerConfig(port=0, model_dir=str(folder), num_inference_sessions=1,
                           threads_per_session=1)
     with InferenceServer(config) as srv, Client(*srv.address) as client:
@@ -270,9 +276,7 @@ def test_a_plug_in_taking_an_op_the_server_answers_itself_fails_the_start(
         "from mytasks.classify_many import ClassifyManyTask\n\n"
         "class PingTask(ClassifyManyTask):\n"
         "    op = 'ping'\n")
-    folder = shutil.copytree(repository / "cls", tmp_path / "models" / "pinging")
-    meta = json.loads((folder / "serving.json").read_text())
-    (folder / "serving.json").write_text(json.dumps({**meta, "task": "mytasks.pinging:PingTask"}))
+    folder = _plug_in_folder(repository, tmp_path, "pinging", "mytasks.pinging:PingTask")
     config = ServerConfig(port=0, model_dir=str(folder), num_inference_sessions=1)
     with pytest.raises(ValueError, match="op 'ping', which the server answers itself"):
         InferenceServer(config).start()
@@ -281,10 +285,8 @@ def test_a_plug_in_taking_an_op_the_server_answers_itself_fails_the_start(
 def test_a_plug_in_task_through_the_client_and_the_repl(
         repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _docs_plug_in(tmp_path, monkeypatch)
-    folder = shutil.copytree(repository / "cls", tmp_path / "models" / "many")
-    meta = json.loads((folder / "serving.json").read_text())
-    (folder / "serving.json").write_text(
-        json.dumps({**meta, "task": "mytasks.classify_many:ClassifyManyTask"}))
+    folder = _plug_in_folder(repository, tmp_path, "many",
+                             "mytasks.classify_many:ClassifyManyTask")
     config = ServerConfig(port=0, model_dir=str(folder), num_inference_sessions=1,
                           threads_per_session=1)
     with InferenceServer(config) as srv, Client(*srv.address) as client:
