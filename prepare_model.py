@@ -183,9 +183,6 @@ def plan(args: argparse.Namespace) -> list[tuple[str, Path]]:
     """
     chosen = args.model is not None or args.packaged_minilm or args.random_bert_base \
         or args.random_tiny
-    if not 0 <= args.fp16_min_agreement <= 1:
-        raise ValueError(f"--fp16_min_agreement is a share of the cases, from 0 to 1, not "
-                         f"{args.fp16_min_agreement:g}")
     if args.packaged_minilm + args.random_bert_base + args.random_tiny > 1:
         raise ValueError("choose one of --packaged_minilm, --random_bert_base and --random_tiny")
     if args.model is not None and (args.packaged_minilm or args.random_bert_base
