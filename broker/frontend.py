@@ -21,14 +21,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from broker.connect import ADMIT_SCRIPT, BLOCK_S, BROKER_ERRORS, Keys, connect, ensure_group, redact
 from broker.expiry import ExpiryClock
-from broker.given_up import GivenUp
+from broker.in_flight import GivenUp, InFlight
 from broker.monitor import BrokerMonitor
 from broker.wire import FIELD, Reply, decode_reply, encode_work
 from engines.model_dir import ModelInfo, model_fingerprint
@@ -56,16 +55,6 @@ log = logging.getLogger(__name__)
 REPLY_TTL_MS = 30_000
 #: Most replies read at once.
 READ_COUNT = 512
-
-
-@dataclass(eq=False, slots=True)
-class InFlight:
-    """A request on its way through Redis."""
-
-    number: int
-    item: WorkItem
-    entry: bytes | None = None  # its work entry's id, once added
-    sent_at: float = 0.0  # time.monotonic() when it went to Redis
 
 
 class RedisBackend:

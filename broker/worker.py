@@ -23,15 +23,15 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import numpy as np
 import redis
 
 from broker.connect import BLOCK_S, BROKER_ERRORS, GROUP, Keys, connect, ensure_group, redact
 from broker.outbox import ReplyOutbox
+from broker.rows_task import RowsTask
 from broker.wire import FIELD, Work, decode_work, encode_answer, encode_error
 from engines.base import Engine
 from engines.model_dir import ModelInfo, load_model_info, model_fingerprint
@@ -41,7 +41,6 @@ from scheduling.pool import BACKOFF_S, SessionPool
 from scheduling.queue import DeadlineReaper, WorkItem, WorkQueue
 from settings.server_config import ServerConfig
 from tasks.qa import QATask, padded_lengths
-from tasks.rows import EngineRows, split_rows, stack_rows
 from telemetry.stats import ServerStats
 from workers.local import batch_policy, default_engine_factory, describe_serving, start_sessions
 
@@ -54,31 +53,6 @@ HEARTBEAT_S = 1.0
 HEARTBEAT_TTL_MS = 5000
 #: Recent timing samples a heartbeat carries, per timing (front ends take percentiles over them).
 HEARTBEAT_SAMPLES = 512
-
-
-class RowsTask:
-    """The part of the QA task a worker needs: stack rows, cut outputs, return logits."""
-
-    def __init__(self, input_names: Sequence[str],
-                 on_batch: Callable[[], None] = lambda: None) -> None:
-        self.input_names = tuple(input_names)
-        self.on_batch = on_batch
-
-    def collate(self, batch: Sequence[EngineRows]) -> dict[str, np.ndarray]:
-        """Every request's rows, padded to the batch's longest padded length (and a word to
-        ``on_batch``: the batch left the queue)."""
-        self.on_batch()
-        return stack_rows(batch, self.input_names, batch[0].pad_id,
-                          max(rows.padded_length for rows in batch))
-
-    def split_outputs(self, batch: Sequence[EngineRows],
-                      outputs: Any) -> list[tuple[np.ndarray, ...]]:
-        """One (start, end) logits pair per request."""
-        return split_rows([rows.rows for rows in batch], outputs)
-
-    def postprocess(self, rows: EngineRows, start: np.ndarray, end: np.ndarray) -> dict[str, Any]:
-        """The logits of the request's own tokens (the front end chooses the answer)."""
-        return {"start": start[:, :rows.max_len], "end": end[:, :rows.max_len]}
 
 
 class RedisWorker:

@@ -1,13 +1,27 @@
-"""The requests a front end answered without their reply, so that a reply coming after all
-(a worker that ran it anyway) is told from a second reply to a request a first reply answered."""
+"""A brokered front end's record of its requests: each one on its way through Redis, and those
+it answered without their reply, so that a reply coming after all (a worker ran it anyway) is
+told from a second reply to a request a first reply answered."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
+
+from scheduling.queue import WorkItem
 
 #: Requests remembered; the oldest are forgotten past this many.
 KEPT = 65536
+
+
+@dataclass(eq=False, slots=True)
+class InFlight:
+    """A request on its way through Redis."""
+
+    number: int
+    item: WorkItem
+    entry: bytes | None = None  # its work entry's id, once added
+    sent_at: float = 0.0  # time.monotonic() when it went to Redis
 
 
 class GivenUp:
