@@ -275,9 +275,9 @@ class Client:
         except SendTimeout as exc:
             with self._lock:
                 self._pending.pop(request_id, None)
-            if not exc.clean:
+            if not exc.clean:  # half a frame on the wire: this connection is done
                 self._fail_all(ConnectionLost("a request was cut off by its timeout"))
-                self._sock.close()
+                self._shut()
             raise
         except OSError as exc:
             self._fail_all(ConnectionLost(f"send failed: {exc}"))
@@ -341,13 +341,17 @@ class Client:
 
     def close(self) -> None:
         """Close the connection; pending requests fail with ConnectionLost."""
+        self._shut()
+        self._reader.join(timeout=5)
+        self._fail_all(ConnectionLost("client closed"))
+
+    def _shut(self) -> None:
+        """Shut both directions (the reader thread wakes, the server sees the end) and close."""
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self._sock.close()
-        self._reader.join(timeout=5)
-        self._fail_all(ConnectionLost("client closed"))
 
     def __enter__(self) -> Client:
         return self

@@ -364,9 +364,11 @@ class RedisBackend:
         """This front end's ``stats`` plus every worker's newest batch figures, gone workers'
         included (those count the work of every front end the workers serve)."""
         merged = stats.copy()
-        known = list(self.monitor.seen_figures.values())
-        for source in known:
-            merged.absorb(source, share=1 / len(known))
+        live, gone = self.monitor.worker_sums()
+        for source in live:
+            merged.absorb(source, share=1 / len(live))  # percentiles: the live workers' samples
+        for source in gone:
+            merged.absorb(source, share=0)  # counts and totals only
         return merged
 
     # -- stop ----------------------------------------------------------------------------------

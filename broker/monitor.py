@@ -16,11 +16,15 @@ from typing import Any
 import redis
 
 from broker.connect import BROKER_ERRORS, GROUP, Keys
+from telemetry.stats import ServerStats
 
 log = logging.getLogger(__name__)
 
 #: Seconds between two looks.
 INTERVAL_S = 1.0
+#: Workers that left whose figures are kept by name (a worker back under its name is not
+#: counted twice); older ones are folded into one sum.
+GONE_KEPT = 256
 
 
 class BrokerMonitor(threading.Thread):
@@ -45,9 +49,12 @@ class BrokerMonitor(threading.Thread):
         self.stream_length = 0
         self.pending = 0
         self.workers: list[dict[str, Any]] = []  # live workers' heartbeats, newest look
-        #: Every worker's newest batch figures, by name: the gone ones' too (their samples
-        #: dropped), so that sums over workers never go back when one leaves.
-        self.seen_figures: dict[str, dict[str, Any]] = {}
+        #: The live workers' newest batch figures, by name, and the gone ones' (their samples
+        #: dropped; past GONE_KEPT the oldest are folded into ``folded``), so that sums over
+        #: workers never go back when one leaves.
+        self.live_figures: dict[str, dict[str, Any]] = {}
+        self.gone_figures: dict[str, dict[str, Any]] = {}
+        self.folded = ServerStats()
         self.model: str | None = None  # the front end's model_fingerprint, once it has loaded
         self._told: set[str] = set()  # workers of another model already logged
         self._stop = threading.Event()
@@ -86,12 +93,20 @@ class BrokerMonitor(threading.Thread):
         self._remember_figures()
 
     def _remember_figures(self) -> None:
-        """Swap in a new ``seen_figures`` (readers on other threads see one or the other)."""
+        """Swap in new figure maps (readers on other threads see the old ones or the new)."""
         live = {w.get("worker"): w["figures"] for w in self.workers
                 if isinstance(w.get("figures"), dict)}
-        gone = {name: _without_samples(figures) for name, figures in self.seen_figures.items()
-                if name not in live}  # gone, or away a while: back, it is live again
-        self.seen_figures = {**gone, **live}
+        gone = {name: f for name, f in self.gone_figures.items() if name not in live}
+        gone.update({name: _without_samples(f) for name, f in self.live_figures.items()
+                     if name not in live})  # gone, or away a while: back, it is live again
+        while len(gone) > GONE_KEPT:  # restarts add names for ever: fold the oldest
+            self.folded.absorb(gone.pop(next(iter(gone))), share=0)
+        self.live_figures, self.gone_figures = live, gone
+
+    def worker_sums(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(the live workers' figures, every gone worker's figures, folded ones included)."""
+        return list(self.live_figures.values()), \
+            [*self.gone_figures.values(), self.folded.batch_figures()]
 
     def _forget(self, names: list[str]) -> None:
         try:

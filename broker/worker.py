@@ -53,6 +53,8 @@ HEARTBEAT_S = 1.0
 HEARTBEAT_TTL_MS = 5000
 #: Recent timing samples a heartbeat carries, per timing (front ends take percentiles over them).
 HEARTBEAT_SAMPLES = 512
+#: Seconds a worker takes no work after it was given work of another model.
+WRONG_MODEL_PAUSE_S = 5.0
 
 
 class RedisWorker:
@@ -84,6 +86,7 @@ class RedisWorker:
         self.counts = {"claims": 0, "redeliveries": 0, "expired": 0, "unreadable": 0,
                        "wrong_model": 0}
         self.model = model_fingerprint(config.model_dir)
+        self._paused_until = 0.0  # no taking before this time.monotonic() (another model's work)
         self._held = 0  # entries taken and not yet settled
         self._cond = threading.Condition()
         self._stopping = threading.Event()
@@ -138,6 +141,9 @@ class RedisWorker:
             try:
                 room = self._wait_for_room()
                 if room == 0:
+                    continue
+                if (pause := self._paused_until - time.monotonic()) > 0:  # another model's work
+                    self._stopping.wait(pause)
                     continue
                 if not self._up:
                     self._connect()
@@ -241,10 +247,7 @@ class RedisWorker:
             if work is None:
                 self.outbox.put(entry_id, None, None)
             elif work.model is not None and work.model != self.model:
-                self.counts["wrong_model"] += 1
-                self.outbox.put(entry_id, work.reply_to, encode_error(
-                    work.number, InternalError.code, f"worker {self.name} serves another model "
-                    f"({self.model}) than the front end ({work.model})"))
+                self._wrong_model(entry_id, work)
             elif work.deadline is not None and work.deadline <= now:
                 self.counts["expired"] += 1
                 self.stats.count_event("deadline_exceeded")
@@ -255,6 +258,19 @@ class RedisWorker:
                                                                             entry_id, work),
                                         rows=work.rows.rows, length=work.rows.padded_length,
                                         enqueued_at=work.enqueued_at, deadline=work.deadline))
+
+    def _wrong_model(self, entry_id: bytes, work: Work) -> None:
+        """Answer ``internal`` work of another model than ours, and take nothing for a while:
+        the workers of that model get the rest of its work."""
+        if not self.counts["wrong_model"]:
+            log.error("work of another model (%s) than ours (%s) on %s: answered 'internal'; "
+                      "give front ends and workers the same prepared model folder", work.model,
+                      self.model, self.keys.work)
+        self.counts["wrong_model"] += 1
+        self._paused_until = time.monotonic() + WRONG_MODEL_PAUSE_S
+        self.outbox.put(entry_id, work.reply_to, encode_error(
+            work.number, InternalError.code, f"worker {self.name} serves another model "
+            f"({self.model}) than the front end ({work.model})"))
 
     def _decode(self, entry: tuple[bytes, dict[bytes, bytes] | None]) -> Work | None:
         try:
@@ -336,6 +352,7 @@ class RedisWorker:
             True if everything taken was answered within ``timeout``.
         """
         until = time.monotonic() + timeout
+        lost_before = self.outbox.lost  # replies lost in an outage long ago do not count
         self._stopping.set()
         self._send_heartbeat()  # "draining": front ends stop counting on us at once
         for thread in self._threads:
@@ -344,7 +361,7 @@ class RedisWorker:
         drained = self.pool.join(max(0.0, until - time.monotonic())) if self.pool else True
         self.outbox.close(max(1.0, until - time.monotonic()))
         with self._cond:
-            drained = drained and self._held == 0 and not self.outbox.lost
+            drained = drained and self._held == 0 and self.outbox.lost == lost_before
         self._leave(drained)
         return drained
 

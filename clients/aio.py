@@ -162,7 +162,7 @@ class AsyncClient:
                 self._writer.transport.abort()  # unsent requests, failed above: flush nothing
             else:
                 self._writer.close()
-            with contextlib.suppress(OSError, TimeoutError):  # a peer that never reads
+            with contextlib.suppress(OSError, TimeoutError, asyncio.TimeoutError):  # 3.10
                 await asyncio.wait_for(self._writer.wait_closed(), CLOSE_WAIT_S)
         if self._reader_task is not None:
             await asyncio.wait([self._reader_task], timeout=5)

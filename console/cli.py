@@ -152,6 +152,6 @@ def main(argv: list[str] | None = None) -> int:
         except ConnectionLost as exc:  # the server went away mid-call
             print(f"{where}: {exc}", file=sys.stderr)
             return 2
-        except FutureTimeout:
+        except (FutureTimeout, TimeoutError):  # distinct classes before Python 3.11
             print(f"no reply from {where} within --timeout {args.timeout:g} s", file=sys.stderr)
             return 1

@@ -91,4 +91,8 @@ def encoded_reply(request_id: int, result: dict[str, Any] | None,
             log.error("request %s: its result cannot be sent (%s: %s)", request_id,
                       type(exc).__name__, exc)
             error = InternalError(f"the result could not be encoded: {type(exc).__name__}")
-    return encode_frame(error_reply(request_id, error)), error
+    try:
+        return encode_frame(error_reply(request_id, error)), error
+    except (TypeError, ValueError, OverflowError):  # a plug-in's error with an odd message
+        error = InternalError(f"the {error.code} error could not be encoded")
+        return encode_frame(error_reply(request_id, error)), error

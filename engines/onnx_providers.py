@@ -40,23 +40,34 @@ def tensorrt_libraries() -> bool:
     return True
 
 
-def trt_cache_dir(model_dir: Path) -> Path:
+def trt_cache_dir(model_dir: Path) -> Path | None:
     """Where TensorRT keeps its engines: the model folder's ``trt_cache/``, or, where that
-    cannot be written (a read-only mount), a folder of this model's under the user's cache."""
+    cannot be written (a read-only mount), a folder of this model's under the user's cache;
+    None where neither can be (TensorRT then builds its engines at every start)."""
     wanted = Path(model_dir) / TRT_CACHE_DIR
+    if _writable_folder(wanted):
+        return wanted
     try:
-        wanted.mkdir(exist_ok=True)
-        if os.access(wanted, os.W_OK):
-            return wanted
-    except OSError:
-        pass
-    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except RuntimeError:  # no home folder to be found
+        home = None
     key = hashlib.sha256(str(Path(model_dir).resolve()).encode()).hexdigest()[:16]
-    fallback = home / "qa-server" / TRT_CACHE_DIR / key
-    fallback.mkdir(parents=True, exist_ok=True)
-    log.warning("%s cannot be written (a read-only mount?): TensorRT engines are cached in %s "
-                "instead", wanted, fallback)
-    return fallback
+    fallback = None if home is None else home / "qa-server" / TRT_CACHE_DIR / key
+    if fallback is not None and _writable_folder(fallback):
+        log.warning("%s cannot be written (a read-only mount?): TensorRT engines are cached in "
+                    "%s instead", wanted, fallback)
+        return fallback
+    log.warning("no folder to cache TensorRT engines in (%s and the user's cache cannot be "
+                "written): they are built at every start", wanted)
+    return None
+
+
+def _writable_folder(path: Path) -> bool:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK)
 
 
 def choose_providers(device: str, *, model_dir: Path | None = None, fp16: bool = False,
@@ -85,11 +96,12 @@ def choose_providers(device: str, *, model_dir: Path | None = None, fp16: bool =
     index = int(device.split(":", 1)[1]) if device.startswith("cuda:") else 0
     chain: list[Provider] = []
     if TENSORRT_PROVIDER in available and (tensorrt_libraries() if tensorrt is None else tensorrt):
+        cache = trt_cache_dir(model_dir) if model_dir is not None else None
         options: dict[str, object] = {"device_id": index, "trt_fp16_enable": fp16,
-                                      "trt_engine_cache_enable": True,
-                                      "trt_timing_cache_enable": True}
-        if model_dir is not None:
-            options["trt_engine_cache_path"] = str(trt_cache_dir(model_dir))
+                                      "trt_engine_cache_enable": model_dir is None or bool(cache),
+                                      "trt_timing_cache_enable": model_dir is None or bool(cache)}
+        if cache is not None:
+            options["trt_engine_cache_path"] = str(cache)
         chain.append((TENSORRT_PROVIDER, options))
     return chain + [(CUDA_PROVIDER, {"device_id": index}), CPU_PROVIDER]
 

@@ -395,4 +395,4 @@ def test_closing_with_requests_a_server_never_read_returns_at_once() -> None:
             return time.monotonic() - started
 
         took = run(scenario(), timeout=60)
-    assert took < 10, f"close() took {took:.1f} s"
+    assert took < 3, f"close() took {took:.1f} s"  # not its 5 s wait for the peer

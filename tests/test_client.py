@@ -121,14 +121,17 @@ def test_a_timeout_covers_sending_to_a_server_that_never_reads() -> None:
     outcomes: list[str] = []
 
     def calls(port: int) -> None:
-        with Client("127.0.0.1", port) as client:
-            for _ in range(10):
-                try:
-                    client.answer("Who?", "word " * 150_000, timeout=0.3)  # 750 KB each
-                except TimeoutError:
-                    outcomes.append("timeout")
-                except ConnectionLost:
-                    outcomes.append("lost")
+        client = Client("127.0.0.1", port)
+        for _ in range(10):
+            try:
+                client.answer("Who?", "word " * 150_000, timeout=0.3)  # 750 KB each
+            except TimeoutError:
+                outcomes.append("timeout")
+            except ConnectionLost:
+                outcomes.append("lost")
+        client._reader.join(timeout=3)  # the cut-off shut the socket: its reader woke and ended
+        outcomes.append("reader alive" if client._reader.is_alive() else "reader ended")
+        client.close()
 
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
@@ -137,7 +140,7 @@ def test_a_timeout_covers_sending_to_a_server_that_never_reads() -> None:
         caller.start()
         caller.join(timeout=60)
         assert not caller.is_alive(), f"a call blocked past its timeout after {outcomes}"
-    assert outcomes[0] == "timeout" and outcomes[-1] == "lost", outcomes
+    assert outcomes[0] == "timeout" and outcomes[-2:] == ["lost", "reader ended"], outcomes
 
 
 def test_stress_test_runs_client_processes_and_reports_every_request(

@@ -90,3 +90,13 @@ def test_io_binding_gives_the_same_logits_and_keeps_buffers_per_shape(
     assert bound.binder.allocations == 3  # one set of buffers per shape, reused after
     for feeds, before in sent:  # the caller's arrays are never written into
         assert all(np.array_equal(feeds[name], before[name]) for name in feeds)
+
+
+def test_with_no_writable_folder_at_all_tensorrt_runs_without_a_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file" / "cache"))  # a read-only home
+    chain = choose_providers("cuda", model_dir=tmp_path / "file" / "qa", available=ALL,
+                             tensorrt=True)
+    trt = dict(chain[0][1])  # type: ignore[index]
+    assert trt["trt_engine_cache_enable"] is False and "trt_engine_cache_path" not in trt

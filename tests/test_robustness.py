@@ -305,6 +305,7 @@ def test_a_client_leaving_more_than_max_outbox_unread_is_disconnected(tmp_path: 
         wait_until(lambda: srv.stats.snapshot()["events"]["outbox_overflow"] == 1)
         wait_until(lambda: srv.stats.snapshot()["connections_open"] == 0)
         wait_until(lambda: srv.stats.in_flight == 0)  # the rest: dropped, its client gone
+        assert srv.stats.snapshot()["events"]["send_timeout"] == 0  # the overflow, not a timeout
         with Client(*srv.address) as healthy:
             assert healthy.ping(timeout=10)["ready"] is True
         stuck.close()

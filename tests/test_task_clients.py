@@ -249,24 +249,30 @@ def test_a_plug_in_result_msgpack_cannot_carry_fails_alone_as_internal(
     _docs_plug_in(tmp_path, monkeypatch)
     (tmp_path / "mytasks" / "raw.py").write_text(
         "import numpy as np\n"
-        "from mytasks.classify_many import ClassifyManyTask\n\n"
+        "from mytasks.classify_many import ClassifyManyTask\n"
+        "from protocol.errors import BadRequest\n\n"
         "class RawTask(ClassifyManyTask):\n"
         "    op = 'classify_raw'\n\n"
         "    def postprocess(self, features, logits):\n"
         "        out = super().postprocess(features, logits)\n"
         "        if features.rows == 2:\n"
         "            out['raw'] = np.float32(1.0)  # msgpack cannot pack a numpy scalar\n"
+        "        if features.rows == 3:\n"
+        "            raise BadRequest({'not', 'a', 'string'})  # nor a set, in its message\n"
         "        return out\n")
     folder = _plug_in_folder(repository, tmp_path, "raw", "mytasks.raw:RawTask")
     config = ServerConfig(port=0, model_dir=str(folder), num_inference_sessions=1,
                           threads_per_session=1)
     with InferenceServer(config) as srv, Client(*srv.address) as client:
         bad = client.submit_op("classify_raw", {"texts": ["a", "b"]})
+        odd = client.submit_op("classify_raw", {"texts": ["a", "b", "c"]})
         good = client.submit_op("classify_raw", {"texts": ["a"]})
-        with pytest.raises(InternalError, match="could not be encoded"):
+        with pytest.raises(InternalError, match="the result could not be encoded"):
             bad.result(timeout=30)
+        with pytest.raises(InternalError, match="the bad_request error could not be encoded"):
+            odd.result(timeout=30)
         assert len(good.result(timeout=30)["labels"]) == 1
-        assert client.stats(timeout=30)["requests"]["classify_raw"] == {"internal": 1, "ok": 1}
+        assert client.stats(timeout=30)["requests"]["classify_raw"] == {"internal": 2, "ok": 1}
 
 
 def test_a_plug_in_taking_an_op_the_server_answers_itself_fails_the_start(

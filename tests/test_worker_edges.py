@@ -179,6 +179,18 @@ def test_the_newest_figures_of_a_dead_worker_are_kept() -> None:
     assert handle.figures(2, time.monotonic() + 5)["earlier_figures"]["batches"] == 7
 
 
+def test_an_older_answer_read_after_a_newer_one_is_not_kept_as_the_last() -> None:
+    handle = WorkerHandle(0, "cpu")
+    handle.on_ready({})
+    for token, batches in ((5, 7), (6, 9)):  # two queries at once; 6 answered with more
+        handle.expect(token)
+        handle.on_figures(token, _figures(batches))
+    handle.figures(6, time.monotonic() + 5)
+    handle.figures(5, time.monotonic() + 5)  # read last, but older
+    handle.detach()
+    assert handle.figures(7, time.monotonic() + 5)["earlier_figures"]["batches"] == 9
+
+
 def test_a_query_waiting_on_a_worker_that_dies_stops_waiting() -> None:
     handle = WorkerHandle(0, "cpu")
     handle.on_ready({})

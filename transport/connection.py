@@ -343,7 +343,7 @@ class Connection:
             with self._cond:
                 self._writing, self._writing_bytes = False, 0
                 self._cond.notify_all()
-                if failure is not None:
+                if failure is not None and self._open:  # our own close (overflow) is no timeout
                     log.info("connection %s: client not reading (%s); closing", self.peer, failure)
                     self.server.stats.count_event("send_timeout")
                     self._close_locked()

@@ -107,8 +107,9 @@ class WorkerHandle:
                                             or self.state != "serving",
                                             max(0.0, until - time.monotonic()))
             figures = self._figures.pop(token, None)  # only this query's: others may be waiting
-            if figures is not None:
-                self.last_figures = figures
+            if figures is not None and (self.last_figures is None or
+                                        figures["batches"] >= self.last_figures["batches"]):
+                self.last_figures = figures  # never an older answer read after a newer one
             known = figures or self.last_figures
             earlier = self.earlier.batch_figures()
         device = self.describe.get("engine", {}).get("device", self.device)
