@@ -29,7 +29,7 @@ from broker.connect import ADMIT_SCRIPT, BLOCK_S, BROKER_ERRORS, Keys, connect, 
 from broker.expiry import ExpiryClock
 from broker.in_flight import GivenUp, InFlight
 from broker.monitor import BrokerMonitor
-from broker.wire import FIELD, Reply, decode_reply, encode_work
+from broker.wire import FIELD, Reply, decode_reply, encode_work, require_qa
 from engines.model_dir import ModelInfo, model_fingerprint
 from protocol.errors import (
     DeadlineExceeded,
@@ -92,7 +92,8 @@ class RedisBackend:
         #: worker held it: what the hop through Redis costs, both ways (guarded by _lock).
         self.hop_time = Timing()
         self.monitor = BrokerMonitor(self.client, self.keys, self.reply_key, REPLY_TTL_MS,
-                                     self._lost, lambda: self._up)
+                                     self._lost, lambda: self._up,
+                                     model_fingerprint(config.model_dir))
         self._clock = ExpiryClock(self._expire)
         self._thread = threading.Thread(target=self._read_replies, name="broker-replies",
                                         daemon=True)
@@ -104,11 +105,8 @@ class RedisBackend:
         Raises:
             RuntimeError: Redis refused us (wrong password, not a Redis, no such database).
         """
-        if self.info.task != QATask.name:
-            raise RuntimeError(f"--broker serves qa models only; this one's task is "
-                               f"{self.info.task!r} (serve it without --broker)")
+        require_qa(self.info)
         self.task = QATask.from_model(self.config.model_dir, self.info, self.config)
-        self.monitor.model = model_fingerprint(self.config.model_dir)
         try:
             self._connect()
         except redis.AuthenticationError as exc:  # a ConnectionError to redis-py; not to us

@@ -38,10 +38,12 @@ class BrokerMonitor(threading.Thread):
         on_lost: Called with the reason when Redis cannot be reached, or the reply stream is
             gone (the front end then answers what is in flight and makes it again).
         is_up: Whether the front end believes Redis reachable (no look is made otherwise).
+        model: The front end's model fingerprint: workers of another are not counted.
     """
 
     def __init__(self, client: redis.Redis, keys: Keys, reply_key: str, reply_ttl_ms: int,
-                 on_lost: Callable[[str], None], is_up: Callable[[], bool]) -> None:
+                 on_lost: Callable[[str], None], is_up: Callable[[], bool],
+                 model: str | None = None) -> None:
         super().__init__(name="broker-monitor", daemon=True)
         self.client, self.keys, self.reply_key = client, keys, reply_key
         self.reply_ttl_ms = reply_ttl_ms
@@ -55,7 +57,7 @@ class BrokerMonitor(threading.Thread):
         self.live_figures: dict[str, dict[str, Any]] = {}
         self.gone_figures: dict[str, dict[str, Any]] = {}
         self.folded = ServerStats()
-        self.model: str | None = None  # the front end's model_fingerprint, once it has loaded
+        self.model = model
         self._told: set[str] = set()  # workers of another model already logged
         self._stop = threading.Event()
 

@@ -6,6 +6,7 @@ A work entry (field ``m`` of an entry of the work stream) is a msgpack map:
     t  admitted at, Unix seconds               d  deadline, Unix seconds (absent: none)
     p  padding id   n  padded length           l  real tokens per row
     ids  int32 token ids, rows x max_len       tt  uint8 segment ids, same shape
+    m  the front end's model fingerprint (engines.model_dir.model_fingerprint; absent: none)
 
 A reply entry (field ``m`` of the front end's reply stream) is ``{"i": number, "s": start
 logits, "e": end logits}`` (float32, rows x max_len) or ``{"i": number, "c": error code,
@@ -25,6 +26,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from engines.model_dir import ModelInfo
+from tasks.qa import QATask
 from tasks.rows import EngineRows, TokenRows
 
 #: The one field of every entry.
@@ -42,6 +45,17 @@ class Work:
     deadline: float | None  # time.monotonic() of this process
     taken_at: float  # time.monotonic() when this process read it
     model: str | None = None  # the front end's model_fingerprint (None: it sent none)
+
+
+def require_qa(info: ModelInfo) -> None:
+    """Work and replies carry QA rows and logits: a front end or worker serves qa models only.
+
+    Raises:
+        RuntimeError: ``info`` is a model of another task.
+    """
+    if info.task != QATask.name:
+        raise RuntimeError(f"--broker serves qa models only; this one's task is {info.task!r} "
+                           "(serve it without --broker)")
 
 
 def encode_work(reply_to: str, number: int, rows: TokenRows, pad_id: int, padded_length: int,

@@ -10,8 +10,9 @@ cost-aware as the in-process server does; replies go back, and the entries are a
 and deleted, in one round trip per bulk (broker/outbox.py: by an idle session's own thread, else
 by the outbox thread). Entries another worker took and did not settle within
 ``--claim_idle_ms`` (it died) are claimed (XPENDING, then XCLAIM; never a worker's own) and run
-again: at-least-once delivery, and each front end answers a request once. An entry delivered ``MAX_DELIVERIES`` times (it
-kills workers) is answered ``worker_lost`` instead of being run again.
+again: at-least-once delivery, and each front end answers a request once. An entry delivered
+``MAX_DELIVERIES`` times (it kills workers) is answered ``worker_lost`` instead of being run
+again.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import redis
 from broker.connect import BLOCK_S, BROKER_ERRORS, GROUP, Keys, connect, ensure_group, redact
 from broker.outbox import ReplyOutbox
 from broker.rows_task import RowsTask
-from broker.wire import FIELD, Work, decode_work, encode_answer, encode_error
+from broker.wire import FIELD, Work, decode_work, encode_answer, encode_error, require_qa
 from engines.base import Engine
 from engines.model_dir import ModelInfo, load_model_info, model_fingerprint
 from protocol.errors import InternalError, ServerError, WorkerLost
@@ -40,7 +41,7 @@ from scheduling.planner import MIN_GAIN
 from scheduling.pool import BACKOFF_S, SessionPool
 from scheduling.queue import DeadlineReaper, WorkItem, WorkQueue
 from settings.server_config import ServerConfig
-from tasks.qa import QATask, padded_lengths
+from tasks.qa import padded_lengths
 from telemetry.stats import ServerStats
 from workers.local import batch_policy, default_engine_factory, describe_serving, start_sessions
 
@@ -102,9 +103,7 @@ class RedisWorker:
             RuntimeError: the model is not a qa model, a session could not load its engine,
                 or Redis refused us.
         """
-        if self.info.task != QATask.name:  # the front ends send qa work only
-            raise RuntimeError(f"--broker serves qa models only; this one's task is "
-                               f"{self.info.task!r} (serve it without --broker)")
+        require_qa(self.info)
         try:
             self._connect()
         except redis.AuthenticationError as exc:  # a ConnectionError to redis-py; not to us
