@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from engines.model_sources import (
+from preparation.model_sources import (
     RANDOM_TINY_WARNING,
     TASKS,
     Source,
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     """Prepare the model folder(s); exit status 0 on success, 1 when a model cannot be had or
     its fp16 export was refused, 2 for options that do not go together.
 
-    The ONNX-vs-PyTorch check is logged once per model (by engines.export); a model whose
+    The ONNX-vs-PyTorch check is logged once per model (by preparation.export); a model whose
     outputs are not meaningful gets one banner, printed last, where the eye lands when the
     command ends.
     """
@@ -313,8 +313,8 @@ def main(argv: list[str] | None = None) -> int:
 def prepare(args: argparse.Namespace, task: str, source: Source,
             out: Path) -> tuple[str | None, int]:
     """Export one loaded model into ``out``; its warning (None when meaningful) and status."""
-    from engines.export import export_model_dir
-    from engines.fp16 import FP16_FILE
+    from preparation.export import export_model_dir
+    from preparation.fp16 import FP16_FILE
     from engines.model_dir import METADATA_FILE, NOT_MEANINGFUL_WARNING, RANDOM_MODEL_WARNING
 
     (out / METADATA_FILE).unlink(missing_ok=True)  # the folder is incomplete until we finish
@@ -366,7 +366,7 @@ def _warn_if_hiding_models(out: Path) -> None:
 def _export_fp16(out: Path, min_agreement: float) -> int:
     """Add the fp16 model to a prepared folder; 1 (the fp32 folder still serves) when its
     answers do not agree with fp32's often enough."""
-    from engines.fp16 import Fp16ParityError, export_fp16
+    from preparation.fp16 import Fp16ParityError, export_fp16
 
     log.info("writing the fp16 ONNX model: fusing, converting, then checking its answers against "
              "fp32 (on the CPU, a minute for a bert-base)...")

@@ -39,6 +39,7 @@ COPY server.py client.py prepare_model.py ./
 COPY clients/ clients/
 COPY console/ console/
 COPY engines/ engines/
+COPY preparation/ preparation/
 COPY tasks/ tasks/
 COPY scheduling/ scheduling/
 COPY dispatch/ dispatch/
@@ -48,7 +49,7 @@ COPY transport/ transport/
 COPY telemetry/ telemetry/
 COPY workers/ workers/
 COPY broker/ broker/
-# the request mix: prepare_model.py --fp16 checks the fp16 export on it (engines/fp16.py)
+# the request mix: prepare_model.py --fp16 checks the fp16 export on it (preparation/fp16.py)
 COPY bench/data/ bench/data/
 # The QA task's span search in C (tasks/_span_search.c; without it answers are searched in numpy,
 # for more CPU per request): compiled for this image's Python, the compiler removed again.

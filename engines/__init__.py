@@ -1,4 +1,6 @@
-"""Inference engines (numpy in, numpy out) and the QA task around them."""
+"""Inference engines: the runtimes (ONNX Runtime, PyTorch, and a zero-cost stand-in), each taking
+a batch of rows as numpy arrays and returning the model's named outputs. What a task does with
+them lives in tasks/; how a model folder is made, in preparation/."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ class ModelInfo:
     onnx_file: str = ONNX_FILE
     onnx_opset: int = 17
     onnx_max_abs_diff: float | None = None
-    fp16: dict[str, Any] | None = None  # engines/fp16.py: its file and its parity with fp32
+    fp16: dict[str, Any] | None = None  # preparation/fp16.py: its file and its parity with fp32
     labels: list[str] | None = None  # classify: the label of each logit, in order
     embedding_dim: int | None = None  # embed: the length of each vector
     created: str = ""

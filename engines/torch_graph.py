@@ -20,7 +20,7 @@ and token types.
 
 ``torch.jit.trace`` is deprecated in favour of ``torch.export`` and ``torch.compile``, whose
 programs still run operator by operator under the GIL (``torch.export``) or need a compiler at
-start-up (``torch.compile``); the ONNX export (engines/export.py) traces the same way.
+start-up (``torch.compile``); the ONNX export (preparation/export.py) traces the same way.
 """
 
 from __future__ import annotations

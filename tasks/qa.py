@@ -9,8 +9,8 @@ per-window softmax over context tokens and CLS, best spans of at most ``max_answ
 widened to whole words, same-text candidates (ignoring case) merged by adding scores, and an
 optional "no answer" scored by the smallest null (CLS) score over the windows.
 
-The pieces live beside it: engines/qa_tokenizer.py loads the tokenizer (no transformers),
-engines/qa_features.py turns encodings into arrays, engines/qa_answers.py chooses answers.
+The pieces live beside it: tasks/qa_tokenizer.py loads the tokenizer (no transformers),
+tasks/qa_features.py turns encodings into arrays, tasks/qa_answers.py chooses answers.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class QATask:
         config: Windowing and answer settings.
         input_names: The engine inputs ``collate`` produces, in this order.
         fast_windows: Cut the windows of ASCII requests from one encode of the context
-            (engines/qa_windows.py: the same features for less CPU); False always lets the
+            (tasks/qa_windows.py: the same features for less CPU); False always lets the
             tokenizer window them.
         length_buckets: Pad every batch to the next of these lengths (``max_seq_len`` is
             always the last), so that an engine sees few shapes; empty: to its longest window.

