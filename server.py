@@ -34,7 +34,7 @@ from protocol.errors import BadRequest, TooManyConnections
 from protocol.messages import ModelsRequest, PingRequest, Request, StatsRequest
 from scheduling.waits import wait_until_set
 from settings.server_config import ServerConfig, parse_args
-from telemetry.report import collect_stats
+from dispatch.report import collect_stats
 from telemetry.stats import ServerStats
 from transport import BindError, Connection, Listener, bind_socket, bind_unix_socket, refuse
 from transport.closing import DELIVERY_POLL_S
@@ -293,7 +293,7 @@ class InferenceServer:
 
     def collect_stats(self) -> tuple[dict[str, Any], ServerStats, dict[str, ServerStats]]:
         """The ``stats`` result, the statistics it was made from (the server's own plus every
-        model's, summed over worker processes), and each model's (telemetry/report.py)."""
+        model's, summed over worker processes), and each model's (dispatch/report.py)."""
         return collect_stats(self.config, self.stats, self.models, self.ready)
 
     def forget(self, conn: Connection) -> None:

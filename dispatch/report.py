@@ -1,9 +1,11 @@
-"""The ``stats`` op's result: the server's figures, and every model's.
+"""The ``stats`` op's result: the server's figures, and every model's, assembled here beside the
+served models (dispatch/models.py) whose backends hold them.
 
 Each model counts its requests, batches and times in its own ``ServerStats``, which also counts
 them in the server's; figures kept in worker processes are added in when asked for. The top level
-of the result is the server's (with one model: that model's and the connections'), and
-``models`` has each model's own.
+of the result is the server's, and ``models`` has each model's own. A server of one model also
+names that model, its batching and its engine at the top level; a repository's top level does
+not lump several models into one description: each is in ``models``.
 """
 
 from __future__ import annotations
@@ -48,37 +50,34 @@ def collect_stats(config: ServerConfig, stats: ServerStats, models: ModelSet,
         from broker.connect import redact
 
         result["config"]["broker"] = redact(config.broker)  # no password in stats
-    first = next(iter(models), None)
-    if first is not None:
-        result["model"] = _summary(models)
-        result["batching"] = entries[first.name]["batching"]
+    served = list(models)
+    if len(served) == 1:  # one model: the top level describes it too
+        only = served[0]
+        result["model"] = _description(only)
+        result["batching"] = entries[only.name]["batching"]
         for key in ("engine", "broker"):
-            if key in entries[first.name]:
-                result[key] = entries[first.name][key]
+            if key in entries[only.name]:
+                result[key] = entries[only.name][key]
     result["workers"] = workers
     result["models"] = entries
     return result, total, per_model
 
 
-def _summary(models: ModelSet) -> dict[str, Any]:
-    """The top level's ``model``: the one model, or the names of all."""
-    served = list(models)
-    if len(served) == 1:
-        info = served[0].info
-        out = {"name": info.model_name, "source": info.source, "meaningful": info.meaningful}
-        if info.warning:
-            out["warning"] = info.warning
-        return out
-    return {"name": ", ".join(m.name for m in served), "source": "model repository",
-            "meaningful": all(m.info.meaningful for m in served)}
+def _description(model: ServedModel) -> dict[str, Any]:
+    """A served model's ``model`` entry: its name, source and whether its outputs mean
+    anything (with the warning that says why not)."""
+    info = model.info
+    out = {"name": info.model_name, "source": info.source, "meaningful": info.meaningful}
+    if info.warning:
+        out["warning"] = info.warning
+    return out
 
 
 def _model_entry(model: ServedModel, merged: ServerStats, config: ServerConfig) -> dict[str, Any]:
     """One model's part of the result: what it is, its figures, its batching and engine."""
     snap = merged.snapshot()
     described = model.backend.describe() if model.backend is not None else {}
-    entry = {"name": model.info.model_name, "task": model.info.task, "op": model.op,
-             "meaningful": model.info.meaningful,
+    entry = {**_description(model), "task": model.info.task, "op": model.op,
              "ready": model.backend is not None and model.backend.ready,
              "queue_depth": model.backend.queue_depth if model.backend is not None else 0}
     for key in ("requests", "admitted", "in_flight", "batches", "batch_size_histogram",

@@ -32,7 +32,7 @@ class StatsSource(Protocol):
 
     def collect_stats(self) -> tuple[dict[str, Any], Any, dict[str, Any]]:
         """The stats op's result, the ServerStats (summed over models and workers) it came
-        from, and each model's ServerStats (telemetry/report.py)."""
+        from, and each model's ServerStats (dispatch/report.py)."""
 
 
 class ServerCollector(Collector):
@@ -185,10 +185,14 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 
 def _info(snap: dict[str, Any]) -> GaugeMetricFamily:
-    labels = {"model": snap.get("model", {}).get("name", ""),
-              "engine": snap.get("engine", {}).get("type", ""),
-              "device": snap.get("engine", {}).get("device", ""),
-              "precision": snap.get("engine", {}).get("precision", ""),
+    """What is served: the one model's name, or a repository's served names joined by commas;
+    the engine settings every model of one server shares (from the first that reports them)."""
+    entries = snap.get("models", {})
+    name = snap["model"]["name"] if "model" in snap else ",".join(sorted(entries))
+    engine = snap.get("engine") or next((e["engine"] for e in entries.values() if "engine" in e),
+                                        {})
+    labels = {"model": name, "engine": engine.get("type", ""),
+              "device": engine.get("device", ""), "precision": engine.get("precision", ""),
               "sessions": str(snap["config"]["num_inference_sessions"]),
               "workers": str(snap["config"].get("workers", 1)),
               "max_batch_size": str(snap["config"]["max_batch_size"])}

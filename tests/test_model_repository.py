@@ -113,6 +113,23 @@ def test_stats_and_metrics_are_kept_per_model(server: InferenceServer) -> None:
         == beta["request_time"]["count"]
 
 
+def test_a_repositorys_stats_describe_each_model_apart_never_lumped(
+        server: InferenceServer) -> None:
+    result, _, _ = server.collect_stats()
+    assert "model" not in result and "engine" not in result and "batching" not in result
+    for name in ("alpha", "beta"):
+        entry = result["models"][name]
+        assert entry["meaningful"] is False and "NOT MEANINGFUL" in entry["warning"]
+        assert entry["source"] and entry["engine"]["type"] == "onnx"
+        assert entry["batching"]["mode"] == "auto"
+    host, port = server.metrics_address
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    [info] = [s for family in text_string_to_metric_families(text) for s in family.samples
+              if s.name == "qa_server_info"]
+    assert info.labels["model"] == "alpha,beta" and info.labels["engine"] == "onnx"
+
+
 def test_models_left_out_of_a_repository_are_named_in_the_log(
         repository: Path, tiny_model_dir: Path, tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
