@@ -25,23 +25,29 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from broker.urls import config_problems as broker_url_problems
 from dispatch.auth import Authenticator, TokenSet
 from dispatch.handler import RequestHandler
 from dispatch.models import ModelSet
+from dispatch.report import collect_stats
+from engines import SETTING_CHOICES as ENGINE_SETTINGS
 from engines.base import Engine
 from engines.devices import check_cuda_devices
 from protocol.errors import BadRequest, TooManyConnections
 from protocol.messages import ModelsRequest, PingRequest, Request, StatsRequest
+from scheduling.planner import SETTING_CHOICES as BATCHING_SETTINGS
 from scheduling.waits import wait_until_set
+from settings.choices import SettingRegistry
 from settings.server_config import ServerConfig, parse_args
-from dispatch.report import collect_stats
 from telemetry.stats import ServerStats
 from transport import BindError, Connection, Listener, bind_socket, bind_unix_socket, refuse
 from transport.closing import DELIVERY_POLL_S
 from transport.listener import publish_address
+from transport.tls import config_problems as tls_problems
 from transport.tls import server_context
 from transport.unix import describe
 from workers.backend import Backend
+from workers.cpu_policy import SETTING_CHOICES as CPU_SETTINGS
 from workers.cpu_policy import apply_cpu_scheduling
 
 log = logging.getLogger("server")
@@ -358,9 +364,16 @@ class InferenceServer:
         self.shutdown()
 
 
+def setting_registry() -> SettingRegistry:
+    """What the implementations say of the settings they own (settings/choices.py): the
+    allowed values, and the checks of TLS files and broker URLs."""
+    return SettingRegistry(choices={**ENGINE_SETTINGS, **BATCHING_SETTINGS, **CPU_SETTINGS},
+                           checks=(tls_problems, broker_url_problems))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run until SIGINT/SIGTERM; a second signal exits at once. Returns the exit status."""
-    config = parse_args(__doc__, argv)
+    config = parse_args(__doc__, argv, registry=setting_registry())
     # before any thread or worker process starts: they inherit it (workers/cpu_policy.py)
     log.info("CPU scheduling: %s", apply_cpu_scheduling(config.cpu_scheduling))
     stop = threading.Event()

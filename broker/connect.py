@@ -3,13 +3,12 @@
 ``--broker`` is a redis-py URL: ``redis://[[USER]:PASSWORD@]HOST:PORT/DB`` for plain TCP,
 ``rediss://...`` for TLS (``?ssl_ca_certs=/path/ca.pem`` and the other ``ssl_*`` query options
 of redis-py choose certificates), ``unix:///path/redis.sock?db=0`` for a local socket. The
-password, if any, never appears in logs or stats (``redact``).
+password, if any, never appears in logs or stats (broker/urls.py's ``redact``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.exceptions import ResponseError
@@ -20,8 +19,6 @@ SOCKET_TIMEOUT_S = 2.0
 BLOCK_S = 1.0
 #: The consumer group every worker reads the work stream in.
 GROUP = "workers"
-#: URL schemes redis-py connects with.
-SCHEMES = ("redis", "rediss", "unix")
 
 #: What a lost or refused connection raises in redis-py.
 BROKER_ERRORS: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError,
@@ -69,30 +66,11 @@ class Keys:
         return f"{self.prefix}:worker:{worker}"
 
 
-def check_url(url: str) -> str | None:
-    """What is wrong with a ``--broker`` URL, or None."""
-    scheme = urlsplit(url).scheme
-    if scheme not in SCHEMES:
-        return f"--broker must be a redis://, rediss:// or unix:// URL, got {redact(url)!r}"
-    return None
-
-
 def connect(url: str, block_s: float = 0.0) -> redis.Redis:
     """A client for ``url`` (no connection is made until first use). ``block_s``: the longest
     blocking read it will make, added to its reply timeout."""
     return redis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT_S + block_s,
                                 socket_connect_timeout=SOCKET_TIMEOUT_S, health_check_interval=0)
-
-
-def redact(url: str) -> str:
-    """``url`` without its password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def ensure_group(client: redis.Redis, keys: Keys) -> None:

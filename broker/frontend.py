@@ -25,10 +25,11 @@ from typing import Any
 
 import redis
 
-from broker.connect import ADMIT_SCRIPT, BLOCK_S, BROKER_ERRORS, Keys, connect, ensure_group, redact
+from broker.connect import ADMIT_SCRIPT, BLOCK_S, BROKER_ERRORS, Keys, connect, ensure_group
 from broker.expiry import ExpiryClock
 from broker.in_flight import GivenUp, InFlight
 from broker.monitor import BrokerMonitor
+from broker.urls import redact
 from broker.wire import FIELD, Reply, decode_reply, encode_work, require_qa
 from engines.model_dir import ModelInfo, model_fingerprint
 from protocol.errors import (

@@ -30,9 +30,10 @@ from typing import Any
 
 import redis
 
-from broker.connect import BLOCK_S, BROKER_ERRORS, GROUP, Keys, connect, ensure_group, redact
+from broker.connect import BLOCK_S, BROKER_ERRORS, GROUP, Keys, connect, ensure_group
 from broker.outbox import ReplyOutbox
 from broker.rows_task import RowsTask
+from broker.urls import redact
 from broker.wire import FIELD, Work, decode_work, encode_answer, encode_error, require_qa
 from engines.base import Engine
 from engines.model_dir import ModelInfo, load_model_info, model_fingerprint

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from broker.urls import redact
 from telemetry.stats import ServerStats
 from workers.figures import summarize_worker
 
@@ -47,8 +48,6 @@ def collect_stats(config: ServerConfig, stats: ServerStats, models: ModelSet,
     result["ready"] = ready
     result["config"] = {k: v for k, v in asdict(config).items() if v is not None}
     if config.broker is not None:
-        from broker.connect import redact
-
         result["config"]["broker"] = redact(config.broker)  # no password in stats
     served = list(models)
     if len(served) == 1:  # one model: the top level describes it too

@@ -21,6 +21,9 @@ TORCH_GRAPHS = ("traced", "eager")
 #: (ONNX Runtime). Beside a thread that holds the GIL, each take-back waits up to the switch
 #: interval (5 ms): the GIL convoy. Worker processes tokenize with the GIL released beside them.
 GIL_RETAKING = frozenset({"pytorch"})
+#: The server settings whose values these are (settings/choices.py).
+SETTING_CHOICES = {"inference_engine_type": ENGINE_TYPES, "precision": PRECISIONS,
+                   "pytorch_graph": TORCH_GRAPHS}
 
 
 def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threads: int = 0,

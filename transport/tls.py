@@ -27,9 +27,13 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from transport.closing import DELIVERY_POLL_S, shut_write
 from transport.stream import PlainStream
+
+if TYPE_CHECKING:
+    from settings.server_config import ServerConfig
 
 
 def server_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:
@@ -51,6 +55,18 @@ def server_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSL
     context.options |= getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
     context.options |= getattr(ssl, "OP_NO_RENEGOTIATION", 0)
     return context
+
+
+def config_problems(config: ServerConfig) -> list[str]:
+    """Whether the config's TLS files make a context (the settings' check of them, given to
+    settings/ through its registry); empty without TLS."""
+    if config.tls_cert is None or config.tls_key is None:
+        return []
+    try:
+        server_context(config.tls_cert, config.tls_key, config.tls_client_ca)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        return [f"--tls_cert/--tls_key/--tls_client_ca: cannot use them ({exc})"]
+    return []
 
 
 class TLSStream(PlainStream):

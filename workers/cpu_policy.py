@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 #: The choices of ``--cpu_scheduling``.
 CPU_POLICIES = ("batch", "normal")
+#: The server setting whose values these are (settings/choices.py).
+SETTING_CHOICES = {"cpu_scheduling": CPU_POLICIES}
 
 
 def _os_policies() -> dict[str, int]:
