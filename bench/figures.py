@@ -1,7 +1,7 @@
 """Figures for the load generator: the server's breakdown over a run, percentiles, summaries.
 
-Pure functions over plain data (no sockets, no processes), shared by bench/loadrun.py and
-stress_test.py.
+Pure functions over plain data (no sockets, no processes), shared by bench/loadrun.py,
+bench/runs.py and stress_test.py.
 """
 
 from __future__ import annotations
@@ -18,40 +18,64 @@ DISTRIBUTION = (0.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.9, 100.0)
 TIMINGS = ("queue_time", "engine_time", "request_time")
 
 
-def server_breakdown(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
+def served_model(stats: dict[str, Any], model: str | None, op: str | None) -> str | None:
+    """The served model a run's requests went to, by the server's ``stats``: ``model`` where it
+    names one, else the only model serving ``op``; None where the stats do not tell (a server
+    of one model without per-model figures, or no such model)."""
+    entries = stats.get("models", {})
+    if model is not None:
+        return model if model in entries else None
+    serving = [name for name, entry in entries.items() if entry.get("op") == op]
+    return serving[0] if len(serving) == 1 else None
+
+
+def server_breakdown(before: dict[str, Any] | None, after: dict[str, Any] | None,
+                     model: str | None = None, op: str | None = None) -> dict[str, Any]:
     """The server's figures over the run: counters differenced, mean times derived exactly.
 
-    A timing's mean over the run is ``(count_after * mean_after - count_before * mean_before) /
-    (count_after - count_before)``; its ``recent_p50_ms``/``recent_p99_ms`` are the server's
-    percentiles over its most recent samples, taken after the run.
+    The figures are those of the model the run's requests went to (``served_model``), so a
+    repository's other models do not count in them; the server's own where the stats do not
+    tell which. A timing's mean over the run is ``(count_after * mean_after - count_before *
+    mean_before) / (count_after - count_before)``; its ``recent_p50_ms``/``recent_p99_ms`` are
+    the server's percentiles over its most recent samples, taken after the run.
     """
     if not before or not after:
         return {}
     config = after.get("config", {})
-    batches = after["batches"] - before["batches"]
-    sizes = {k: n - before["batch_size_histogram"].get(k, 0)
-             for k, n in after["batch_size_histogram"].items()}
+    name = served_model(after, model, op)
+    if name is not None and name not in before.get("models", {}):
+        name = None
+    was, now = (before["models"][name], after["models"][name]) if name else (before, after)
+    batches = now["batches"] - was["batches"]
+    sizes = {k: n - was["batch_size_histogram"].get(k, 0)
+             for k, n in now["batch_size_histogram"].items()}
     sizes = {k: n for k, n in sizes.items() if n}
     out: dict[str, Any] = {
         "sessions": config.get("num_inference_sessions"),
         "max_batch_size": config.get("max_batch_size"),
         "engine_type": config.get("inference_engine_type"),
-        "engine": after.get("engine", {}), "model": after.get("model", {}),
-        "requests": _counter_diff(before["requests"], after["requests"]),
-        "admitted": after["admitted"] - before["admitted"],
+        "engine": now.get("engine", {}), "served_model": name,
+        "model": _description(now) if name else after.get("model", {}),
+        "requests": _counter_diff(was["requests"], now["requests"]),
+        "admitted": now["admitted"] - was["admitted"],
         "connections_opened": (after.get("connections_total", 0)
                                - before.get("connections_total", 0)),
         "batches": batches,
-        "batch_rows": after["batch_rows"] - before["batch_rows"],
+        "batch_rows": now["batch_rows"] - was["batch_rows"],
         "batch_size_histogram": sizes,
         "mean_batch_size": sum(int(k) * n for k, n in sizes.items()) / batches if batches else 0.0,
-        "queue_depth": after.get("queue_depth"), "in_flight": after.get("in_flight"),
+        "queue_depth": now.get("queue_depth"), "in_flight": now.get("in_flight"),
         "config": config,
     }
     out["rows_per_batch"] = out["batch_rows"] / batches if batches else 0.0
-    for name in TIMINGS:
-        out[name] = _timing_diff(before[name], after[name])
+    for timing in TIMINGS:
+        out[timing] = _timing_diff(was[timing], now[timing])
     return out
+
+
+def _description(entry: dict[str, Any]) -> dict[str, Any]:
+    """A model's description from its per-model stats entry."""
+    return {key: entry[key] for key in ("name", "source", "meaningful", "warning") if key in entry}
 
 
 def _counter_diff(before: dict[str, dict[str, int]],

@@ -46,7 +46,8 @@ from bench.pipeload import run_pipelined  # noqa: E402
 from bench.servers import qa_model_dir, start_server, stop_servers  # noqa: E402
 from client import Client  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
-from stress_test import load_pairs, run_closed_loop  # noqa: E402
+from bench.mix import load_pairs  # noqa: E402
+from bench.runs import run_closed_loop  # noqa: E402
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 

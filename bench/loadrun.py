@@ -135,7 +135,8 @@ def measure(target: Callable[..., None], specs: Sequence[ClosedSpec | OpenSpec],
             before=lambda: _server_stats(control), total=total, progress=progress)
         after = _settled_stats(control, before)
     return {"settings": settings, "started": started, **summarize(payloads),
-            "server": server_breakdown(before, after)}, payloads
+            "server": server_breakdown(before, after, settings.get("model"),
+                                       settings.get("op"))}, payloads
 
 
 def _warm_up(client: Client, spec: ClosedSpec | OpenSpec, count: int) -> None:

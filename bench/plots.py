@@ -13,6 +13,8 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
+from bench.report import model_words
+
 #: Latency percentile lines of a sweep, and their colours.
 PERCENTILE_COLOURS = {50: "tab:blue", 90: "tab:orange", 99: "tab:red"}
 #: Throughput's colour: no percentile line uses it.
@@ -36,7 +38,7 @@ def _server_words(server: dict[str, Any]) -> str:
     sessions = server.get("sessions")
     plural = "" if sessions == 1 else "s"
     return (f"{server.get('engine_type') or '?'} engine, {sessions} session{plural}, "
-            f"model {(server.get('model') or {}).get('name', '?')}")
+            f"{model_words(server)}")
 
 
 def build_figure(runs: list[dict[str, Any]]) -> Figure:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.frontend import tokenizer_floor_us  # noqa: E402
 from bench.servers import qa_model_dir  # noqa: E402
-from stress_test import load_pairs  # noqa: E402
+from bench.mix import load_pairs  # noqa: E402
 from tasks.qa import QAConfig, QATask  # noqa: E402
 
 

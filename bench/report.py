@@ -52,10 +52,9 @@ def format_report(result: dict[str, Any]) -> str:
 def _format_server(server: dict[str, Any], client_mean_ms: float) -> list[str]:
     if not server:
         return ["server: no stats (the server did not answer the stats op before or after the run)"]
-    engine, model = server.get("engine", {}), server.get("model", {})
-    meaningful = "" if model.get("meaningful", True) else ", answers not meaningful"
+    engine = server.get("engine", {})
     lines = [f"server: {server['sessions']} sessions, {engine.get('description', '?')}, max batch "
-             f"{server['max_batch_size']}, model {model.get('name', '?')}{meaningful}"]
+             f"{server['max_batch_size']}, {model_words(server)}"]
     if not server["request_time"]["count"]:
         return [*lines, "server ms: no request reached the engine"]
     q, e, t = (server[name]["mean_ms"] for name in TIMINGS)
@@ -64,6 +63,16 @@ def _format_server(server: dict[str, Any], client_mean_ms: float) -> list[str]:
             f" engine {e:.1f} per batch; mean batch {server['mean_batch_size']:.2f} requests "
             f"({server['rows_per_batch']:.2f} windows); client, network and tokenizing "
             f"{client_mean_ms - t:.1f}"]
+
+
+def model_words(server: dict[str, Any]) -> str:
+    """The model a run loaded, in words: the served name (in a repository) and the model's own,
+    and whether its answers mean anything."""
+    model = server.get("model") or {}
+    served = server.get("served_model")
+    name = model.get("name", "?")
+    words = f"model {served} ({name})" if served and served != name else f"model {name}"
+    return words + ("" if model.get("meaningful", True) else ", answers not meaningful")
 
 
 TABLES: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (

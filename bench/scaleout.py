@@ -45,7 +45,8 @@ from broker.local_server import RedisServer  # noqa: E402
 from client import Client  # noqa: E402
 from protocol.errors import ServerError  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
-from stress_test import load_pairs, run_closed_loop  # noqa: E402
+from bench.mix import load_pairs  # noqa: E402
+from bench.runs import run_closed_loop  # noqa: E402
 
 #: Where the workers' logs go (bench/results/scaleout-logs/worker-PID.log).
 LOGS = ROOT / "bench" / "results" / "scaleout-logs"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.frontend import process_tree_cpu_s, scaling_ratios, tokenizer_floor_us, variant
-from stress_test import load_pairs
+from bench.mix import load_pairs
 from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent

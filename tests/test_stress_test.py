@@ -24,21 +24,14 @@ from bench.loadgen import (
     _send_on_schedule,
     poisson_offsets,
 )
+from bench.mix import DEFAULT_DATA, load_pairs
 from bench.plots import build_figure
+from bench.runs import DEFAULT_LEVEL_SECONDS, run_closed_loop, run_open_loop, run_sweep
 from client import Client
 from engines import load_engine
 from engines.base import Engine
 from server import InferenceServer, ServerConfig
-from stress_test import (
-    DEFAULT_DATA,
-    DEFAULT_LEVEL_SECONDS,
-    build_parser,
-    load_pairs,
-    parse_args,
-    run_closed_loop,
-    run_open_loop,
-    run_sweep,
-)
+from stress_test import build_parser, parse_args
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIRS = [("Who went home?", "Bob went home after the match."),
@@ -298,7 +291,7 @@ def test_sweep_plot_has_log_clients_a_title_from_the_server_and_a_throughput_col
     assert left.get_xscale() == right.get_xscale() == "log"
     title = fig.get_suptitle()
     assert "onnx engine" in title and "1 session," in title
-    assert "model tiny-random-bert-qa-0" in title and runs[0]["started"][:10] in title
+    assert "(tiny-random-bert-qa-0)" in title and runs[0]["started"][:10] in title
     percentiles = {line.get_label(): to_rgba(line.get_color()) for line in left.get_lines()}
     assert set(percentiles) == {"p50", "p90", "p99"} and len(set(percentiles.values())) == 3
     (throughput,) = right.get_lines()

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from bench.mix import load_mix, load_texts
+from bench.plots import describe_server
+from bench.runs import run_closed_loop
 from client import Client
 from protocol import BadRequest, InternalError
 from server import InferenceServer, ServerConfig
-from stress_test import run_closed_loop
 from tests.helpers import CONTEXTS, QUESTIONS
 from tests.text_models import TINY_LABELS, build_tiny_classify_dir, build_tiny_embed_dir
 
@@ -186,19 +187,27 @@ def test_the_mix_gives_texts_and_requests_of_each_task(tmp_path: Path) -> None:
 def test_stress_test_task_embed_end_to_end(server: InferenceServer, client: Client,
                                           tmp_path: Path) -> None:
     before = ok_count(client, "emb", "embed")
-    report = tmp_path / "embed.json"
+    report, plot = tmp_path / "embed.json", tmp_path / "embed.png"
     done = run(server, "stress_test.py", "--no_progress", "--task", "embed",
                "--texts_per_request", "4", "--num_simultaneous_clients", "2",
                "--num_total_clients", "3", "--num_request_per_client", "4", "--warmup", "2",
-               "--json", str(report))
+               "--json", str(report), "--plot", str(plot))
     assert done.returncode == 0, done.stderr
     assert "task: embed, the model serving it, 4 texts per request" in done.stdout
     assert "requests: 12   ok: 12   errors: none" in done.stdout and "p99" in done.stdout
     assert ok_count(client, "emb", "embed") - before == 12 + 2  # and the warm-up's
+    assert f"wrote every figure of 1 run(s) to {report.resolve()}" in done.stdout
+    assert f"wrote the plot to {plot.resolve()}" in done.stdout and plot.stat().st_size > 0
     saved = json.loads(report.read_text())["runs"][0]
     assert (saved["settings"]["op"], saved["settings"]["model"],
             saved["settings"]["texts_per_request"]) == ("embed", None, 4)
     assert saved["server"]["batch_rows"] == 4 * 12  # one row per text
+    # the server's figures are the model's the requests went to, and it is named, alone
+    [server_line] = [line for line in done.stdout.splitlines() if line.startswith("server: ")]
+    assert "model emb (" in server_line and "cls" not in server_line, server_line
+    assert saved["server"]["served_model"] == "emb" and list(saved["server"]["requests"]) == \
+        ["embed"]
+    assert "model emb (" in describe_server([saved])  # the plot's title
 
 
 def test_stress_test_names_the_model_and_refuses_a_run_the_server_would_refuse(
