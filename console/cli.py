@@ -10,7 +10,8 @@ from concurrent.futures import TimeoutError as FutureTimeout  # the builtin from
 from pathlib import Path
 from typing import Any
 
-from client import Client, ConnectionLost
+from clients.blocking import Client
+from clients.common import ConnectionLost
 from clients.endpoint import describe
 from console.catalog import model_warning
 from console.modes import print_answer

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from client import Client
+from clients.blocking import Client
 from console.catalog import Model, find_model, served_models
 from console.modes import GENERIC_HELP, HELP, MODES, generic_mode
 from console.session import COMMANDS_HELP, ModelSwitch, Session, announce, pick_model

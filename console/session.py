@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from client import Client, ConnectionLost
+from clients.blocking import Client
+from clients.common import ConnectionLost
 from console.catalog import Model, describe, find_model, warning_of
 from console.text_input import read_text, valid_text
 from protocol.errors import IdleTimeout
