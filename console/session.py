@@ -104,6 +104,12 @@ def list_models(models: list[Model], current: Model | None = None) -> None:
         print(f" {mark}{number}. {describe(model)}")
 
 
+def switch_hint(models: list[Model], current: Model) -> str:
+    """One line: the other served models, and how to switch to one."""
+    others = ", ".join(f"{m['name']} ({m['task']})" for m in models if m is not current)
+    return f"also served: {others}. {COMMANDS_HELP}"
+
+
 def announce(model: Model) -> None:
     """Say which model is in use, and shout its warning if its outputs mean nothing."""
     if model["name"] is not None:  # (an older server names none)
