@@ -2,9 +2,12 @@
 libraries.
 
     python client.py                                   # the REPL against 127.0.0.1:9999
+                                                       # (in its qa model, where it serves one)
     python client.py --model NAME                      # the REPL, with that served model
     python client.py --context_file article.txt        # the REPL, starting with that text
     python client.py --question "Who?" --context "Bob went home."
+    python client.py --stats                           # the server's figures, per model
+    python client.py --stats --json                    # the same, whole, as JSON
     python client.py --token_file my_token.txt         # a server with --auth_token_file
     python client.py --host unix:///run/qa/qa.sock     # over the server's Unix socket
     python client.py --host qa.example.org --tls --tls_ca ca.crt       # over TLS
@@ -41,8 +44,8 @@ __all__ = ["AsyncClient", "Client", "ConnectionLost", "Result", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line (console/cli.py): the REPL, a one-shot question or a readiness probe;
-    returns the exit status."""
+    """The command line (console/cli.py): the REPL, a one-shot question, a readiness probe or
+    the server's stats; returns the exit status."""
     from console.cli import main as cli_main  # the libraries above need none of the console
 
     return cli_main(argv)
