@@ -11,7 +11,7 @@
 
     asyncio.run(main())
 
-The surface is the blocking ``client.Client``'s, with ``await``: the same ops, the same
+The surface is the blocking ``clients.blocking.Client``'s, with ``await``: the same ops, the same
 ``timeout`` (sent to the server as the request's ``timeout_ms``), the same typed errors
 (``protocol.errors``, from the reply's ``code``) and the same ``ConnectionLost``.
 

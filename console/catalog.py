@@ -6,7 +6,8 @@ from __future__ import annotations
 from concurrent.futures import TimeoutError as FutureTimeout  # the builtin from 3.11
 from typing import Any
 
-from client import Client, ConnectionLost
+from clients.blocking import Client
+from clients.common import ConnectionLost
 from protocol import BadRequest, ServerError
 
 Model = dict[str, Any]

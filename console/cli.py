@@ -1,5 +1,5 @@
-"""``python client.py``: the interactive REPL (console/repl.py), a one-shot question, or a
-readiness probe, against a running server."""
+"""``python client.py``: the interactive REPL (console/repl.py), a one-shot question, a
+readiness probe, or the server's stats (console/stats.py), against a running server."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from concurrent.futures import TimeoutError as FutureTimeout  # the builtin from
 from pathlib import Path
 from typing import Any
 
-from client import Client, ConnectionLost
+from clients.blocking import Client
+from clients.common import ConnectionLost
 from clients.endpoint import describe
 from console.catalog import model_warning
 from console.modes import print_answer
 from console.repl import repl
+from console.stats import show_stats
 from console.text_input import valid_text
 from protocol import ServerError
 from settings.cli import HelpFormatter, shout
@@ -35,9 +37,10 @@ def probe(client: Client, timeout: float) -> int:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options; the context comes back in ``args.context`` whichever flag gave it."""
     p = argparse.ArgumentParser(
-        description="Use the inference server. Without --question it starts the interactive "
-        "REPL for the served model's task: qa (paste or type a text, then ask questions about "
-        "it), embed (two texts: their cosine similarity) or classify (a text: its label).",
+        description="Use the inference server. Without --question, --ready or --stats it starts "
+        "the interactive REPL for a served model's task (a qa model's, where the server serves "
+        "one, unless --model names another): qa (paste or type a text, then ask questions "
+        "about it), embed (two texts: their cosine similarity) or classify (a text: its label).",
         formatter_class=HelpFormatter)
     p.add_argument("--host", default="127.0.0.1", help="the server's address, or "
                    "unix:///PATH for its Unix socket (server.py --unix_socket PATH)")
@@ -48,16 +51,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "--host and --port)")
     add_tls_arguments(p)
     p.add_argument("--model", help="the served model to use (the server's `models` op names "
-                   "them); without it: the only one, or, in the REPL, pick one when several")
-    p.add_argument("--question", help="answer this once and exit (needs --context or "
-                   "--context_file); without it, the REPL runs")
+                   "them); without it: the only one; in the REPL, the qa model (the one named "
+                   "qa, else the first by name), else pick one when several")
+    once = p.add_mutually_exclusive_group()
+    once.add_argument("--question", help="answer this once and exit (needs --context or "
+                      "--context_file); without it, the REPL runs")
     text = p.add_mutually_exclusive_group()
     text.add_argument("--context", help="the text the question is about (REPL: the first text)")
     text.add_argument("--context_file", help="read the text from this UTF-8 file, any length")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for an answer")
-    p.add_argument("--ready", action="store_true",
-                   help="health probe: exit 0 if the server is ready, 1 if not (or it refused "
-                   "the token), 2 if unreachable")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for an answer "
+                   "(or the stats)")
+    once.add_argument("--ready", action="store_true",
+                      help="health probe: exit 0 if the server is ready, 1 if not (or it "
+                      "refused the token), 2 if unreachable")
+    once.add_argument("--stats", action="store_true", help="print the server's stats, per "
+                      "model (docs/metrics.md), and exit: 0, 1 on an error reply, a refused "
+                      "token or no reply within --timeout, 2 if unreachable")
+    p.add_argument("--json", action="store_true", help="with --stats: the raw stats, as JSON")
     add_token_options(p)
     args = p.parse_args(argv)
     args.token = token_from(args, p)
@@ -66,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.context = Path(args.context_file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             p.error(f"cannot read --context_file: {exc}")
+    if args.json and not args.stats:
+        p.error("--json needs --stats")
     if args.question is not None and args.context is None:
         p.error("--question needs --context or --context_file")
     if not args.tls and (args.tls_ca or args.tls_cert or args.tls_key):
@@ -143,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.ready:
                 return probe(client, args.timeout)
+            if args.stats:
+                return show_stats(client, args.timeout, as_json=args.json)
             if args.question is None:
                 return repl(client, args.context, args.model)
             return one_shot(client, args.question, args.context, args.timeout, args.model)

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from client import Client
+from clients.blocking import Client
 from console.session import Session
 from protocol import ServerError
 

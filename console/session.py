@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from client import Client, ConnectionLost
+from clients.blocking import Client
+from clients.common import ConnectionLost
 from console.catalog import Model, describe, find_model, warning_of
 from console.text_input import read_text, valid_text
 from protocol.errors import IdleTimeout
@@ -101,6 +102,12 @@ def list_models(models: list[Model], current: Model | None = None) -> None:
     for number, model in enumerate(models, 1):
         mark = "*" if model is current else " "
         print(f" {mark}{number}. {describe(model)}")
+
+
+def switch_hint(models: list[Model], current: Model) -> str:
+    """One line: the other served models, and how to switch to one."""
+    others = ", ".join(f"{m['name']} ({m['task']})" for m in models if m is not current)
+    return f"also served: {others}. {COMMANDS_HELP}"
 
 
 def announce(model: Model) -> None:

@@ -3,10 +3,10 @@
 A terminal in its normal (canonical) mode hands a program at most 4095 characters of one line and
 silently drops the rest, so a context pasted at an ``input()`` prompt arrives cut. ``read_text``
 switches the terminal to non-canonical mode for the length of one text, echoes what it reads
-itself, and ends the text at an empty line typed by the user or at Ctrl+D. An empty line inside a paste does
-not end it: the terminal is asked to mark pastes (bracketed paste), and where it does not, an empty
-line is taken as the end only when no more input follows within ``PASTE_GAP_S`` (a paste arrives
-in one burst). From a pipe or file, one line is one text.
+itself, and ends the text at an empty line typed by the user or at Ctrl+D. An empty line inside
+a paste does not end it: the terminal is asked to mark pastes (bracketed paste), and where it
+does not, an empty line is taken as the end only when no more input follows within
+``PASTE_GAP_S`` (a paste arrives in one burst). From a pipe or file, one line is one text.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import subprocess
 import sys
 import threading
@@ -14,10 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from console.repl import choose_model, default_qa
+from console.session import PICK_PROMPT
 from console.text_input import BRACKETED_PASTE_OFF, BRACKETED_PASTE_ON, TextBuffer
 from engines import load_engine
 from server import InferenceServer, ServerConfig
-from tests.helpers import CONTEXTS, QUESTIONS, GatedEngine
+from tests.helpers import CONTEXTS, QUESTIONS, GatedEngine, wait_until
+from tests.text_models import build_tiny_embed_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 TERMINAL_LINE_LIMIT = 4095  # what a canonical-mode terminal hands input() of one line
@@ -233,3 +237,59 @@ def test_an_embed_model_in_a_terminal_compares_two_pasted_texts(
         term.read_until("first text (end with an empty line)> ")
         term.type("\x04")
         assert term.close() == 0
+
+
+@pytest.fixture()
+def server_process(tiny_model_dir: Path, tmp_path: Path) -> Iterator[int]:
+    """``python server.py`` with its defaults on a repository like the default one (a qa model
+    and an embed model, tiny here), on a free port; yields the port."""
+    repository = tmp_path / "saved_models"
+    shutil.copytree(tiny_model_dir, repository / "qa")
+    build_tiny_embed_dir(repository / "embed")
+    address_file = tmp_path / "address"
+    with open(tmp_path / "server.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "server.py", "--port", "0", "--model_dir",
+                                 str(repository), "--address_file", str(address_file)],
+                                cwd=ROOT, stdout=log, stderr=log)
+    try:
+        wait_until(lambda: address_file.exists() or proc.poll() is not None, timeout=120)
+        assert proc.poll() is None, (tmp_path / "server.log").read_text()
+        yield int(address_file.read_text().rsplit(":", 1)[1])
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def test_the_repl_of_a_server_with_a_qa_model_starts_in_qa_and_answers(
+        server_process: int, terminals: list[Terminal]) -> None:
+    term = Terminal("--port", str(server_process))  # no --model: the defaults
+    terminals.append(term)
+    intro = term.read_until("text (end with an empty line)> ")
+    assert PICK_PROMPT not in intro and "model qa (qa)" in intro
+    assert intro.count("NOT MEANINGFUL") == 1
+    hint = [line for line in intro.splitlines() if "/model NAME" in line]
+    assert len(hint) == 1 and "/models" in hint[0] and "embed (embed)" in hint[0]
+    term.type(CONTEXTS[0] + "\n\n")
+    term.read_until(f"({len(CONTEXTS[0])} characters)")
+    term.read_until("question (empty: new text)> ")
+    term.type(QUESTIONS[0] + "\n")
+    answer = term.read_until("latency: ")
+    assert "answer: " in answer and "error" not in answer
+    term.read_until("question (empty: new text)> ")
+    term.type("\x04")
+    assert term.close() == 0
+
+
+def _model(name: str, op: str) -> dict[str, object]:
+    """An entry of the ``models`` op."""
+    return {"name": name, "task": op, "op": op, "inputs": {}, "meaningful": True, "ready": True}
+
+
+def test_the_first_model_is_the_qa_one_named_qa_else_the_first_qa_by_name() -> None:
+    embed, qa, qa_b, qa_z = (_model("embed", "embed"), _model("qa", "qa"), _model("b", "qa"),
+                             _model("z", "qa"))
+    assert choose_model([embed, qa_z, qa, qa_b], None) is qa
+    assert choose_model([embed, qa_z, qa_b], None) is qa_b
+    assert choose_model([embed, qa_z, qa_b], "embed") is embed  # --model says otherwise
+    assert default_qa([embed, _model("cls", "classify")]) is None
+    assert choose_model([embed], None) is embed  # no qa model: the only one

@@ -140,18 +140,32 @@ def test_repl_of_a_classify_model_prints_label_and_score(server: InferenceServer
     assert "empty text" in done.stdout and done.stdout.count("scores: ") == 2
 
 
-def test_repl_asks_which_of_several_models_and_switches_on_command(
+def test_repl_starts_in_the_qa_model_named_qa_and_switches_on_command(
         server: InferenceServer) -> None:
-    session = (f"7\nqa2\n{CONTEXTS[0]}\n{QUESTIONS[0]}\n/models\n/model nope\n/model emb\n"
+    session = (f"{CONTEXTS[0]}\n{QUESTIONS[0]}\n/models\n/model nope\n/model emb\n"
                f"{CONTEXTS[1]}\n{CONTEXTS[1]}\n/model cls\n{CONTEXTS[2]}\n")
     done = run(server, "client.py", stdin=session)
     out = done.stdout
     assert done.returncode == 0, done.stderr
-    assert "several models" in out and "pick a number from 1 to 4" in out
+    assert "several models" not in out and "model qa (qa)" in out  # qa, not qa2: by its name
+    assert "also served: cls (classify), emb (embed), qa2 (qa). /models" in out
     assert out.count("answer: ") == 1 and "no model 'nope'" in out
-    assert " *4. qa2: qa" in out  # /models marks the one in use
+    assert " *3. qa: qa" in out  # /models marks the one in use
     assert "cosine similarity: 1.0000" in out and out.count("label: ") == 1
     assert out.count("NOT MEANINGFUL") == 1 and out.count("random weights") == 2
+
+
+def test_repl_asks_which_of_several_models_when_none_is_a_qa_model(
+        repository: Path, tmp_path: Path) -> None:
+    for name in ("cls", "emb"):
+        shutil.copytree(repository / name, tmp_path / "models" / name)
+    config = ServerConfig(port=0, model_dir=str(tmp_path / "models"), num_inference_sessions=1,
+                          threads_per_session=1)
+    with InferenceServer(config) as srv:
+        done = run(srv, "client.py", stdin=f"7\nemb\n{CONTEXTS[1]}\n{CONTEXTS[1]}\n")
+    assert done.returncode == 0, done.stderr
+    assert "several models" in done.stdout and "pick a number from 1 to 2" in done.stdout
+    assert "cosine similarity: 1.0000" in done.stdout
 
 
 def test_cli_model_flag_routes_the_one_shot_and_an_unknown_model_exits_2(
