@@ -37,7 +37,7 @@ from bench.runs import (
     run_sweep,
     write_json,
 )
-from client import Client
+from clients.blocking import Client
 from console.catalog import routed_to
 from console.cli import add_tls_arguments, tls_options
 from protocol import BadRequest, Unauthorized

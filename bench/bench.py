@@ -42,9 +42,9 @@ sys.path.insert(0, str(ROOT))
 from bench.loadgen import Item  # noqa: E402
 from bench.mix import TASKS, load_mix  # noqa: E402
 from bench.raw import raw_ceiling, raw_parallel, raw_row  # noqa: E402
+from bench.runs import run_closed_loop  # noqa: E402
 from bench.servers import start_server, stop_servers  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
-from bench.runs import run_closed_loop  # noqa: E402
 from tasks.qa_answers import span_search  # noqa: E402
 
 # raw_ceiling, raw_parallel and raw_row live in bench/raw.py, start_server and stop_servers in

@@ -42,12 +42,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench import machine  # noqa: E402
-from bench.pipeload import run_pipelined  # noqa: E402
-from bench.servers import qa_model_dir, start_server, stop_servers  # noqa: E402
-from client import Client  # noqa: E402
-from settings.cli import HelpFormatter  # noqa: E402
 from bench.mix import load_pairs  # noqa: E402
+from bench.pipeload import run_pipelined  # noqa: E402
 from bench.runs import run_closed_loop  # noqa: E402
+from bench.servers import qa_model_dir, start_server, stop_servers  # noqa: E402
+from clients.blocking import Client  # noqa: E402
+from settings.cli import HelpFormatter  # noqa: E402
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -29,10 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench import machine  # noqa: E402
+from bench.mix import load_pairs  # noqa: E402
 from engines import PRECISIONS, TORCH_GRAPHS, load_engine  # noqa: E402
 from engines.base import Engine  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
-from bench.mix import load_pairs  # noqa: E402
 
 
 def timed_runs(engine: Engine, feeds: dict[str, np.ndarray], runs: int) -> tuple[float, float]:

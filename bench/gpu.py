@@ -31,12 +31,12 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench import machine, raw_ceiling, raw_table  # noqa: E402
 from bench.gpu_report import plot, targets_table  # noqa: E402
-from bench.pipeload import run_pipelined  # noqa: E402
-from bench.servers import start_server, stop_servers  # noqa: E402
-from client import Client  # noqa: E402
-from settings.cli import HelpFormatter  # noqa: E402
 from bench.mix import load_pairs  # noqa: E402
+from bench.pipeload import run_pipelined  # noqa: E402
 from bench.runs import run_closed_loop  # noqa: E402
+from bench.servers import start_server, stop_servers  # noqa: E402
+from clients.blocking import Client  # noqa: E402
+from settings.cli import HelpFormatter  # noqa: E402
 
 
 class NvmlSampler:

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from client import Client, ConnectionLost
+from clients.blocking import Client
+from clients.common import ConnectionLost
 from protocol import ServerError
 
 Pair = tuple[str, str]

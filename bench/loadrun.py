@@ -14,7 +14,7 @@ from typing import Any
 
 from bench.figures import server_breakdown, summarize
 from bench.loadgen import ClosedSpec, OpenSpec, send
-from client import Client
+from clients.blocking import Client
 from protocol import ServerError
 
 

@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.frontend import tokenizer_floor_us  # noqa: E402
-from bench.servers import qa_model_dir  # noqa: E402
 from bench.mix import load_pairs  # noqa: E402
+from bench.servers import qa_model_dir  # noqa: E402
 from tasks.qa import QAConfig, QATask  # noqa: E402
 
 

@@ -40,13 +40,13 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench import machine, raw_ceiling, raw_parallel  # noqa: E402
 from bench.frontend import process_tree_cpu_s  # noqa: E402
-from bench.servers import qa_model_dir, start_server, stop_servers  # noqa: E402
-from broker.local_server import RedisServer  # noqa: E402
-from client import Client  # noqa: E402
-from protocol.errors import ServerError  # noqa: E402
-from settings.cli import HelpFormatter  # noqa: E402
 from bench.mix import load_pairs  # noqa: E402
 from bench.runs import run_closed_loop  # noqa: E402
+from bench.servers import qa_model_dir, start_server, stop_servers  # noqa: E402
+from broker.local_server import RedisServer  # noqa: E402
+from clients.blocking import Client  # noqa: E402
+from protocol.errors import ServerError  # noqa: E402
+from settings.cli import HelpFormatter  # noqa: E402
 
 #: Where the workers' logs go (bench/results/scaleout-logs/worker-PID.log).
 LOGS = ROOT / "bench" / "results" / "scaleout-logs"

@@ -33,11 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench import machine  # noqa: E402
-from bench.servers import start_server, stop_servers  # noqa: E402
-from client import Client  # noqa: E402
-from settings.cli import HelpFormatter  # noqa: E402
 from bench.mix import load_pairs  # noqa: E402
 from bench.runs import run_closed_loop  # noqa: E402
+from bench.servers import start_server, stop_servers  # noqa: E402
+from clients.blocking import Client  # noqa: E402
+from settings.cli import HelpFormatter  # noqa: E402
 
 #: The request timed one at a time: short, so that the transport's share shows.
 QUESTION, CONTEXT = "Who wrote the notes?", "Ada wrote the notes in 1843."
