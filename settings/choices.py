@@ -13,15 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from settings.server_config import ServerConfig
+from typing import Any
 
 #: A setting's allowed values, as its owner publishes them: setting (field) name -> values.
 Choices = Mapping[str, tuple[str, ...]]
-#: A check only an implementation can make: the problems it finds in a config (empty: none).
-Check = Callable[["ServerConfig"], list[str]]
+#: A check only an implementation can make: the problems it finds in a ``ServerConfig`` (empty:
+#: none). Typed loosely so that this module, which server_config.py imports, needs nothing back.
+Check = Callable[[Any], list[str]]
 
 
 class Owned:
@@ -60,6 +58,6 @@ class SettingRegistry:
                               f"its owner's SETTING_CHOICES is missing from the registry "
                               f"(server.py's setting_registry)") from None
 
-    def problems(self, config: ServerConfig) -> list[str]:
-        """What the checks find wrong with ``config`` (empty when nothing is)."""
+    def problems(self, config: Any) -> list[str]:
+        """What the checks find wrong with ``config``, a ``ServerConfig`` (empty: nothing)."""
         return [problem for check in self.checks for problem in check(config)]
