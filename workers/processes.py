@@ -200,7 +200,7 @@ class ProcessBackend:
             job_id = next(self._ids)
             handle.jobs[job_id] = item
             shares.setdefault(handle, []).append(
-                (job_id, item.features, item.enqueued_at, item.deadline))
+                Job(job_id, item.features, item.enqueued_at, item.deadline))
         return shares
 
     # -- a worker's pipe -----------------------------------------------------------------------

@@ -4,7 +4,7 @@ The front end starts it as ``python -m workers.worker_main FD``. Messages (pickl
 the pipe, front end -> worker:
 
     (config, index, device, log_level)        first, once
-    ("jobs", [(job_id, request, enqueued_at, deadline), ...])   (request: protocol.messages)
+    ("jobs", [Job(job_id, request, enqueued_at, deadline), ...])   (request: protocol.messages)
     ("stats", token)            ("stop",)
 
 and worker -> front end:
@@ -28,11 +28,12 @@ import sys
 import threading
 from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NamedTuple
 
 from engines import GIL_RETAKING
 from engines.model_dir import load_model_info
 from protocol.errors import InternalError, ServerError
+from protocol.messages import ModelRequest
 from settings.server_config import ServerConfig
 from tasks.encoding import release_gil
 from telemetry.stats import ServerStats
@@ -41,8 +42,16 @@ from workers.local import LocalBackend
 
 log = logging.getLogger("worker")
 
-#: One job as it travels the pipe.
-Job = tuple[int, str, str, float, "float | None"]
+
+class Job(NamedTuple):
+    """One admitted request as it travels the pipe to a worker (a tuple: cheap to pickle)."""
+
+    job_id: int  #: the front end's number for it, which its answer carries back
+    request: ModelRequest
+    enqueued_at: float  #: when the front end admitted it (``time.monotonic()``)
+    deadline: float | None  #: ``time.monotonic()`` after which it must not run
+
+
 #: One answer as it travels back.
 Answer = tuple[int, "dict[str, Any] | None", "str | None", "str | None"]
 
