@@ -28,6 +28,7 @@ from typing import Any
 from dispatch.auth import Authenticator, TokenSet
 from dispatch.handler import RequestHandler
 from dispatch.models import ModelSet
+from dispatch.serving_log import log_loading, log_serving
 from engines.base import Engine
 from engines.devices import check_cuda_devices
 from protocol.errors import BadRequest, TooManyConnections
@@ -42,7 +43,7 @@ from transport.listener import publish_address
 from transport.tls import server_context
 from transport.unix import describe
 from workers.backend import Backend
-from workers.cpu_policy import apply_cpu_scheduling
+from workers.cpu_policy import apply_cpu_scheduling, explain
 
 log = logging.getLogger("server")
 
@@ -116,7 +117,9 @@ class InferenceServer:
             self._stop(timeout=5)
             raise
         self._started = True
-        self._log_serving()
+        log_serving(self.config, self.models, self.endpoints,
+                    None if self.auth.tokens is None else len(self.auth.tokens),
+                    self.config.auth_token_file)
 
     def _bind(self) -> list[socket.socket]:
         """The listening sockets, bound: TCP unless ``port`` is -1, and the Unix socket."""
@@ -147,15 +150,7 @@ class InferenceServer:
         cfg = self.config
         self.models.read()
         check_cuda_devices(cfg.inference_engine_type, cfg.gpu_indices())
-        names = ", ".join(f"{m.name} ({m.info.task})" for m in self.models)
-        if cfg.broker is not None:
-            log.info("front end for %s: tokenizing here, the model runs in the workers of the "
-                     "broker (%s bound)", names, self.endpoints)
-        else:
-            where = f"{cfg.workers} worker processes of " if cfg.workers > 1 else ""
-            log.info("loading %s into %s%d %s sessions each (%s bound; accepting once loaded)",
-                     names, where, cfg.num_inference_sessions, cfg.inference_engine_type,
-                     self.endpoints)
+        log_loading(cfg, self.models, self.endpoints)
         self.models.start()
 
     def _start_metrics(self, host: str, port: int) -> None:
@@ -168,35 +163,6 @@ class InferenceServer:
                             f"{exc.strerror}") from exc
         self.metrics_address = self._metrics_httpd.server_address[:2]
         log.info("Prometheus metrics on http://%s:%d/metrics", *self.metrics_address)
-
-    def _log_serving(self) -> None:
-        cfg = self.config
-        for model in self.models:
-            assert model.backend is not None
-            described = model.backend.describe()
-            engine = described.get("engine", {}).get("description", "?")
-            log.info("model %s: %s (%s, task %s) from %s; engine: %s", model.name,
-                     model.info.model_name, model.info.source, model.info.task,
-                     os.path.abspath(model.config.model_dir), engine)
-            if cfg.batching == "auto":
-                log.info("model %s: batch cost model after warm-up (ms per batch, "
-                         "ROWSxLENGTH%s): %s", model.name, ", worker 0" if cfg.workers > 1 else "",
-                         ", ".join(f"{shape} {ms:.1f}" for shape, ms in
-                                   described.get("cost_model_ms", {}).items()))
-        log.info("%s%d inference sessions per model; batching %s (max %d requests, %d tokens, "
-                 "delay %g ms)", f"{cfg.workers} workers on {', '.join(cfg.worker_devices())}, "
-                 "each with " if cfg.workers > 1 else "", cfg.num_inference_sessions,
-                 cfg.batching, cfg.max_batch_size, cfg.max_batch_tokens, cfg.max_queue_delay_ms)
-        log.info("limits: queue %d per model, request timeout %g ms, %d connections, idle %g s, "
-                 "frame %g s, frame size %d B, question %d chars, context %d chars "
-                 "(docs/operations.md)", cfg.max_queue, cfg.request_timeout_ms,
-                 cfg.max_connections, cfg.idle_timeout_s, cfg.frame_timeout_s,
-                 cfg.max_frame_size, cfg.max_question_chars, cfg.max_context_chars)
-        if self.auth.tokens is not None:
-            log.info("token authentication: %d tokens from %s; a connection must authenticate "
-                     "within %g s (auth_timeout)", len(self.auth.tokens), cfg.auth_token_file,
-                     cfg.auth_timeout_s)
-        log.info("serving on %s", self.endpoints)
 
     @property
     def backend(self) -> Backend | None:
@@ -362,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run until SIGINT/SIGTERM; a second signal exits at once. Returns the exit status."""
     config = parse_args(__doc__, argv)
     # before any thread or worker process starts: they inherit it (workers/cpu_policy.py)
-    log.info("CPU scheduling: %s", apply_cpu_scheduling(config.cpu_scheduling))
+    log.info("CPU scheduling: %s", explain(apply_cpu_scheduling(config.cpu_scheduling)))
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -375,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     if config.role == "worker":  # run the model for the front ends of --broker until stopped
-        from broker.worker import run_worker
+        from broker.worker_main import run_worker
 
         return run_worker(config, stop)
     server = InferenceServer(config)

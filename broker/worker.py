@@ -35,7 +35,7 @@ from broker.outbox import ReplyOutbox
 from broker.rows_task import RowsTask
 from broker.wire import FIELD, Work, decode_work, encode_answer, encode_error, require_qa
 from engines.base import Engine
-from engines.model_dir import ModelInfo, load_model_info, model_fingerprint
+from engines.model_dir import ModelInfo, model_fingerprint
 from protocol.errors import InternalError, ServerError, WorkerLost
 from scheduling.planner import MIN_GAIN
 from scheduling.pool import BACKOFF_S, SessionPool
@@ -43,7 +43,13 @@ from scheduling.queue import DeadlineReaper, WorkItem, WorkQueue
 from settings.server_config import ServerConfig
 from tasks.qa import padded_lengths
 from telemetry.stats import ServerStats
-from workers.local import batch_policy, default_engine_factory, describe_serving, start_sessions
+from workers.local import (
+    batch_policy,
+    default_engine_factory,
+    describe_serving,
+    model_label,
+    start_sessions,
+)
 
 log = logging.getLogger("worker")
 
@@ -115,6 +121,10 @@ class RedisWorker:
         except redis.RedisError as exc:
             raise RuntimeError(f"broker {redact(self.config.broker or '')} refused us: "
                                f"{exc}") from exc
+        log.info("worker %s: loading %s into %d %s sessions, then taking work from %s on %s",
+                 self.name, model_label(self.config), self.config.num_inference_sessions,
+                 self.config.inference_engine_type, self.keys.work,
+                 redact(self.config.broker or ""))
         longest = min(self.config.max_seq_len, self.info.max_seq_len)
         task = RowsTask(self.info.input_names, self._room_changed)
         self.pool = start_sessions(self.config, self.engine_factory, task, self.queue,
@@ -379,24 +389,3 @@ class RedisWorker:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-def run_worker(config: ServerConfig, stop: threading.Event) -> int:
-    """Serve the model of ``config.model_dir`` as a worker until ``stop`` is set; the exit
-    status (0: drained, 1: timed out or replies lost with the broker, 2: could not start,
-    3: a thread of its own died)."""
-    try:
-        worker = RedisWorker(config, load_model_info(config.model_dir))
-        worker.start()
-    except Exception as exc:  # noqa: BLE001 - any start failure is exit status 2, logged
-        log.error("cannot start: %s: %s", type(exc).__name__, exc)
-        return 2
-    while not stop.wait(HEARTBEAT_S):
-        if not worker.healthy:  # never seen; but a worker that takes no work must not linger
-            log.critical("a worker thread died; stopping so that a supervisor restarts us")
-            worker.stop(config.shutdown_timeout_s)
-            return 3
-    drained = worker.stop(config.shutdown_timeout_s)
-    log.info("worker stopped (%s)", "everything taken was answered" if drained else
-             "timed out, or replies could not reach the broker")
-    return 0 if drained else 1

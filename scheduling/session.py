@@ -52,15 +52,18 @@ class InferenceSession(threading.Thread):
         on_exit: Called (from this thread) if the session stops for any reason other than the
             queue closing: its engine failed to load, or an exception escaped the serving loop.
             ``crash`` then holds that exception.
+        model: The served model's name, for the log (None: the log names no model).
     """
 
     def __init__(self, index: int, engine_factory: Callable[[], Engine], task: BatchTask,
                  queue: WorkQueue, policy: BatchPolicy | int = 1,
                  stats: ServerStats | None = None,
                  warmup: Sequence[int] = (), prime: Sequence[tuple[int, int]] = (),
-                 on_exit: Callable[[InferenceSession], None] | None = None) -> None:
+                 on_exit: Callable[[InferenceSession], None] | None = None,
+                 model: str | None = None) -> None:
         super().__init__(name=f"session-{index}", daemon=True)
         self.index = index
+        self.model = model
         self.engine_factory = engine_factory
         self.task = task
         self.queue = queue
@@ -94,7 +97,8 @@ class InferenceSession(threading.Thread):
                 self.on_exit(self)
             return
         self.ready.set()
-        log.info("%s: engine loaded and warmed up; serving", self.name)
+        log.info("%s%s: engine loaded and warmed up; serving",
+                 "" if self.model is None else f"model {self.model}: ", self.name)
         try:
             self._serve()
         finally:

@@ -130,6 +130,9 @@ def test_logs_say_what_serves_where_and_warn_about_meaningless_models(tiny_model
     assert "tiny-random-bert-qa-0" in log and "onnxruntime" in log and " on cpu" in log
     assert "3 inference sessions" in log and f"{host}:{port}" in log
     assert "NOT MEANINGFUL" in log
+    name = tiny_model_dir.name  # each session's line names the model it serves
+    assert sorted(re.findall(rf"model {name}: (session-\d): engine loaded and warmed up; "
+                             "serving", log)) == ["session-0", "session-1", "session-2"], log
 
 
 def test_sigterm_under_load_answers_every_admitted_request_and_exits_zero(

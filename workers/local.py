@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from engines import load_engine
@@ -72,6 +73,12 @@ def default_engine_factory(config: ServerConfig, device: str,
                    graph=config.pytorch_graph)
 
 
+def model_label(config: ServerConfig) -> str:
+    """The served model's name, for log lines: its folder's name (a repository's subfolder)."""
+    folder = Path(config.model_dir)
+    return folder.name or folder.resolve().name
+
+
 def start_sessions(config: ServerConfig, factory: Callable[[], Engine], task: BatchTask,
                    queue: WorkQueue, policy: BatchPolicy, stats: ServerStats,
                    buckets: tuple[int, ...], longest: int) -> SessionPool:
@@ -85,6 +92,7 @@ def start_sessions(config: ServerConfig, factory: Callable[[], Engine], task: Ba
     # start-up stays short (each length times doubling row counts while batching pays);
     # with length buckets, every bucket: the only lengths batches will have
     warmup = list(buckets) or sorted({n for n in (64,) if n < longest} | {longest})
+    model = model_label(config)
 
     def make(index: int, initial: bool) -> InferenceSession:
         # One session times the warm-up shapes for the shared cost model (sessions warming
@@ -92,7 +100,7 @@ def start_sessions(config: ServerConfig, factory: Callable[[], Engine], task: Ba
         timed = config.batching == "auto" and index == 0 and initial
         return InferenceSession(index, factory, task, queue, policy, stats,
                                 warmup=warmup if timed else (),
-                                prime=prime_shapes(buckets, config.max_batch_tokens))
+                                prime=prime_shapes(buckets, config.max_batch_tokens), model=model)
 
     pool = SessionPool(config.num_inference_sessions, make,
                        on_restart=lambda: stats.count_event("session_restart"))
