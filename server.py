@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from dispatch.auth import Authenticator, TokenSet
 from dispatch.handler import RequestHandler
@@ -33,7 +33,7 @@ from engines.base import Engine
 from engines.devices import check_cuda_devices
 from protocol.errors import BadRequest, TooManyConnections
 from protocol.messages import ModelsRequest, PingRequest, Request, StatsRequest
-from scheduling.waits import wait_until_set
+from scheduling.waits import StartCancelled, raise_if_cancelled, wait_until_set
 from settings.server_config import ServerConfig, parse_args
 from telemetry.report import collect_stats
 from telemetry.stats import ServerStats
@@ -82,14 +82,21 @@ class InferenceServer:
         self._started = False  # start() completed: the server served
 
     # -- start -------------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, cancel: threading.Event | None = None) -> None:
         """Bind the addresses, load the model into every session, then listen and accept.
 
         The addresses (TCP, the Unix socket) are bound first, so that a busy one fails at once,
-        not after the model has loaded. A start that fails releases whatever it had started
-        before raising.
+        not after the model has loaded. A start that fails, or is cancelled, releases whatever
+        it had started before raising.
+
+        Args:
+            cancel: Give up once this is set (``main`` sets it on SIGINT or SIGTERM): the
+                start-up stops loading, never listens, and raises ``StartCancelled``; worker
+                processes are stopped, and session threads still loading their engines are
+                left to end by themselves once loaded (``main`` then exits without them).
 
         Raises:
+            StartCancelled: ``cancel`` was set before the server listened.
             TokenFileError: ``auth_token_file`` cannot be read or holds no token (read first,
                 on every start: a token removed from the file no longer works after a restart).
             BindError: an address (or the metrics port) cannot be bound: taken, privileged,
@@ -110,9 +117,13 @@ class InferenceServer:
             self._publish_address(False)  # a file left by an earlier run must not say "up"
             if cfg.metrics_port is not None:  # a port too: fail early; scrapes show the loading
                 self._start_metrics(cfg.metrics_host, cfg.metrics_port)
-            self._load()
+            self._load(cancel)
+            raise_if_cancelled(cancel)  # the last chance: from here on, a stop drains
             self._listener.start()
             self._publish_address(True)
+        except StartCancelled:  # nothing admitted: no wait for engines still loading
+            self._stop(timeout=0)
+            raise
         except BaseException:
             self._stop(timeout=5)
             raise
@@ -144,14 +155,14 @@ class InferenceServer:
                 if serving else None
             publish_address(self.config.address_file, address)
 
-    def _load(self) -> None:
+    def _load(self, cancel: threading.Event | None) -> None:
         """Find the models, then start each one's backend: sessions here, or worker
         processes, or a broker front end."""
         cfg = self.config
         self.models.read()
         check_cuda_devices(cfg.inference_engine_type, cfg.gpu_indices())
         log_loading(cfg, self.models, self.endpoints)
-        self.models.start()
+        self.models.start(cancel)
 
     def _start_metrics(self, host: str, port: int) -> None:
         from telemetry.prometheus import serve_metrics
@@ -325,10 +336,10 @@ class InferenceServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run until SIGINT/SIGTERM; a second signal exits at once. Returns the exit status."""
+    """Run until SIGINT/SIGTERM; a second signal exits at once. Returns the exit status: 0 once
+    stopped (every admitted request answered; or stopped during start-up, before serving), 1
+    if the stop timed out (``os._exit(1)`` for a second signal), 2 if it could not start."""
     config = parse_args(__doc__, argv)
-    # before any thread or worker process starts: they inherit it (workers/cpu_policy.py)
-    log.info("CPU scheduling: %s", explain(apply_cpu_scheduling(config.cpu_scheduling)))
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -338,21 +349,38 @@ def main(argv: list[str] | None = None) -> int:
         log.info("%s: stopping (again to force)", signal.Signals(signum).name)
         stop.set()
 
-    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGINT, on_signal)  # first: a stop is handled from the first log line
     signal.signal(signal.SIGTERM, on_signal)
+    # before any thread or worker process starts: they inherit it (workers/cpu_policy.py)
+    log.info("CPU scheduling: %s", explain(apply_cpu_scheduling(config.cpu_scheduling)))
     if config.role == "worker":  # run the model for the front ends of --broker until stopped
         from broker.worker_main import run_worker
 
-        return run_worker(config, stop)
+        try:
+            return run_worker(config, stop)
+        except StartCancelled:
+            _stopped_during_start_up()
     server = InferenceServer(config)
     try:
-        server.start()
+        server.start(cancel=stop)
+    except StartCancelled:
+        _stopped_during_start_up()
     except Exception as exc:  # noqa: BLE001 - any start failure is exit status 2, logged
         log.error("cannot start: %s", exc if isinstance(exc, BindError) else
                   f"{type(exc).__name__}: {exc}")
         return 2
     wait_until_set(stop)
     return 0 if server.shutdown() else 1
+
+
+def _stopped_during_start_up() -> NoReturn:
+    """Exit 0 at once, without the interpreter's teardown: a session thread may still be
+    loading its engine, which nothing interrupts, and the teardown would wait for it or free
+    the runtime beneath it. Whatever else the start-up had started is stopped already."""
+    log.info("stopped during start-up, before serving")
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,15 @@ password, if any, never appears in logs or stats (``redact``).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.exceptions import ResponseError
+
+log = logging.getLogger(__name__)
 
 #: Seconds to connect, and to wait for any reply but a blocking read's.
 SOCKET_TIMEOUT_S = 2.0
@@ -93,6 +97,23 @@ def redact(url: str) -> str:
     host = parts.hostname or ""
     netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def first_connect(connect_now: Callable[[], None], url: str, meanwhile: str) -> None:
+    """Connect at start (``connect_now``): Redis refusing us fails the start, an unreachable
+    Redis is logged (with ``meanwhile``: what waits for it) and left to be retried.
+
+    Raises:
+        RuntimeError: Redis refused us (wrong password, not a Redis, no such database).
+    """
+    try:
+        connect_now()
+    except redis.AuthenticationError as exc:  # a ConnectionError to redis-py; not to us
+        raise RuntimeError(f"broker {redact(url)} refused us: {exc}") from exc
+    except BROKER_ERRORS as exc:
+        log.warning("broker %s unreachable (%s); %s", redact(url), exc, meanwhile)
+    except redis.RedisError as exc:
+        raise RuntimeError(f"broker {redact(url)} refused us: {exc}") from exc
 
 
 def ensure_group(client: redis.Redis, keys: Keys) -> None:

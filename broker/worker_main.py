@@ -8,6 +8,7 @@ import threading
 
 from broker.worker import HEARTBEAT_S, RedisWorker
 from engines.model_dir import load_model_info
+from scheduling.waits import StartCancelled
 from settings.server_config import ServerConfig
 
 log = logging.getLogger("worker")
@@ -16,10 +17,17 @@ log = logging.getLogger("worker")
 def run_worker(config: ServerConfig, stop: threading.Event) -> int:
     """Serve the model of ``config.model_dir`` as a worker until ``stop`` is set; the exit
     status (0: drained, 1: timed out or replies lost with the broker, 2: could not start,
-    3: a thread of its own died)."""
+    3: a thread of its own died).
+
+    Raises:
+        StartCancelled: ``stop`` was set before the worker took work (its sessions may still
+            be loading; nothing else runs).
+    """
     try:
         worker = RedisWorker(config, load_model_info(config.model_dir))
-        worker.start()
+        worker.start(cancel=stop)
+    except StartCancelled:
+        raise  # not a failure: the caller exits 0
     except Exception as exc:  # noqa: BLE001 - any start failure is exit status 2, logged
         log.error("cannot start: %s: %s", type(exc).__name__, exc)
         return 2

@@ -53,6 +53,9 @@ class InferenceSession(threading.Thread):
             queue closing: its engine failed to load, or an exception escaped the serving loop.
             ``crash`` then holds that exception.
         model: The served model's name, for the log (None: the log names no model).
+
+    A queue closed while the session loads (a stop asked during start-up) cuts the warm-up
+    short: the session then closes its engine and ends without serving.
     """
 
     def __init__(self, index: int, engine_factory: Callable[[], Engine], task: BatchTask,
@@ -97,6 +100,9 @@ class InferenceSession(threading.Thread):
                 self.on_exit(self)
             return
         self.ready.set()
+        if self.queue.closed_and_empty:  # stopped while it loaded: nothing to serve
+            _close_quietly(self.engine)
+            return
         log.info("%s%s: engine loaded and warmed up; serving",
                  "" if self.model is None else f"model {self.model}: ", self.name)
         try:
@@ -137,9 +143,13 @@ class InferenceSession(threading.Thread):
         if check is not None:  # a model its task cannot read fails here, not every request
             check(outputs, 1)
         for rows, length in self.prime_shapes:
+            if self.queue.closed_and_empty:  # stopped while loading: warm up for nothing
+                return
             engine.run(dummy_feeds(engine.input_names, rows, length))
         cap, budget = self.policy.cap, self.policy.max_tokens
         for length in self.warmup_lengths:
+            if self.queue.closed_and_empty:
+                return
             best, rows = float("inf"), 1
             while rows <= cap and (not budget or rows * length <= budget or rows == 1):
                 per_row = self._time_shape(engine, rows, length) / rows

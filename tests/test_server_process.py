@@ -230,8 +230,8 @@ def test_sigterm_taken_by_another_thread_still_stops_the_server(tiny_model_dir: 
 def test_sigterm_to_another_thread_while_workers_load_stops_the_server(
         tiny_model_dir: Path) -> None:
     # The main thread waits for the workers to load; a signal another thread takes is handled
-    # then, and the server stops cleanly once loaded (a GPU's start-up, with TensorRT, can take
-    # minutes). tests/test_waits.py shows the wait itself lets the handler run.
+    # then, and the start-up stops at once (a GPU's start-up, with TensorRT, can take minutes).
+    # tests/test_waits.py shows the wait itself lets the handler run.
     proc = spawn_server("--model_dir", str(tiny_model_dir), "--workers", "2")
     lines: list[str] = []
     reader: threading.Thread | None = None

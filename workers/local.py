@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -21,6 +22,7 @@ from scheduling.planner import BatchPolicy
 from scheduling.pool import SessionPool
 from scheduling.queue import DeadlineReaper, Responder, WorkItem, WorkQueue
 from scheduling.session import BatchTask, InferenceSession
+from scheduling.waits import StartCancelled
 from settings.server_config import ServerConfig
 from tasks import load_task
 from tasks.base import Task
@@ -79,15 +81,12 @@ def model_label(config: ServerConfig) -> str:
     return folder.name or folder.resolve().name
 
 
-def start_sessions(config: ServerConfig, factory: Callable[[], Engine], task: BatchTask,
-                   queue: WorkQueue, policy: BatchPolicy, stats: ServerStats,
-                   buckets: tuple[int, ...], longest: int) -> SessionPool:
-    """Start ``--num_inference_sessions`` sessions on ``queue`` and return once every one has
-    loaded, primed and (the first) timed its engine for the cost model.
-
-    Raises:
-        RuntimeError: a session could not load its engine.
-    """
+def session_pool(config: ServerConfig, factory: Callable[[], Engine], task: BatchTask,
+                 queue: WorkQueue, policy: BatchPolicy, stats: ServerStats,
+                 buckets: tuple[int, ...], longest: int) -> SessionPool:
+    """``--num_inference_sessions`` sessions on ``queue``, as a pool not started yet: its
+    ``start`` returns once every one has loaded, primed and (the first) timed its engine for
+    the cost model."""
     # two lengths, a short one and the longest: the cost model scales between them, and
     # start-up stays short (each length times doubling row counts while batching pays);
     # with length buckets, every bucket: the only lengths batches will have
@@ -102,10 +101,8 @@ def start_sessions(config: ServerConfig, factory: Callable[[], Engine], task: Ba
                                 warmup=warmup if timed else (),
                                 prime=prime_shapes(buckets, config.max_batch_tokens), model=model)
 
-    pool = SessionPool(config.num_inference_sessions, make,
+    return SessionPool(config.num_inference_sessions, make,
                        on_restart=lambda: stats.count_event("session_restart"))
-    pool.start()
-    return pool
 
 
 class LocalBackend:
@@ -135,26 +132,32 @@ class LocalBackend:
         self.pool: SessionPool | None = None
         self._reaper = DeadlineReaper(self.queue)
 
-    def start(self) -> None:
+    def start(self, cancel: threading.Event | None = None) -> None:
         """Load the task (its tokenizer), then every session's engine (warmed up), then serve.
+
+        Args:
+            cancel: Give up once this is set (a stop asked during start-up); ``stop`` then
+                waits for the sessions still loading.
 
         Raises:
             RuntimeError: a session could not load its engine.
+            StartCancelled: ``cancel`` was set before every session was ready.
         """
         self.task = load_task(self.config.model_dir, self.info, self.config)
         reason = numpy_search_reason()
         if self.info.task == "qa" and reason is not None:
             log.warning("QA answers are searched in numpy: the C span search is %s (same "
                         "answers, more CPU per request; docs/operations.md)", reason)
-        self._start_sessions(self.task)
+        self._start_sessions(self.task, cancel)
         self._reaper.start()
 
-    def _start_sessions(self, task: Task) -> None:
+    def _start_sessions(self, task: Task, cancel: threading.Event | None) -> None:
+        self.pool = session_pool(self.config, self.engine_factory, task, self.queue,
+                                 self.policy, self.stats, task.buckets, task.max_seq_len)
         try:
-            self.pool = start_sessions(self.config, self.engine_factory, task, self.queue,
-                                       self.policy, self.stats, task.buckets, task.max_seq_len)
-        except RuntimeError:
-            self.queue.close()
+            self.pool.start(cancel)
+        except (RuntimeError, StartCancelled):
+            self.queue.close()  # the sessions still loading end once loaded; stop joins them
             raise
 
     def submit(self, request: ModelRequest, respond: Responder, alive: Callable[[], bool],
