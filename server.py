@@ -23,20 +23,21 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from broker.urls import config_problems as broker_url_problems
 from dispatch.auth import Authenticator, TokenSet
 from dispatch.handler import RequestHandler
 from dispatch.models import ModelSet
 from dispatch.report import collect_stats
+from dispatch.serving_log import log_loading, log_serving
 from engines import SETTING_CHOICES as ENGINE_SETTINGS
 from engines.base import Engine
 from engines.devices import check_cuda_devices
 from protocol.errors import BadRequest, TooManyConnections
 from protocol.messages import ModelsRequest, PingRequest, Request, StatsRequest
 from scheduling.planner import SETTING_CHOICES as BATCHING_SETTINGS
-from scheduling.waits import wait_until_set
+from scheduling.waits import StartCancelled, raise_if_cancelled, wait_until_set
 from settings.choices import SettingRegistry
 from settings.server_config import ServerConfig, parse_args
 from telemetry.stats import ServerStats
@@ -48,7 +49,7 @@ from transport.tls import server_context
 from transport.unix import describe
 from workers.backend import Backend
 from workers.cpu_policy import SETTING_CHOICES as CPU_SETTINGS
-from workers.cpu_policy import apply_cpu_scheduling
+from workers.cpu_policy import apply_cpu_scheduling, explain
 
 log = logging.getLogger("server")
 
@@ -87,14 +88,21 @@ class InferenceServer:
         self._started = False  # start() completed: the server served
 
     # -- start -------------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, cancel: threading.Event | None = None) -> None:
         """Bind the addresses, load the model into every session, then listen and accept.
 
         The addresses (TCP, the Unix socket) are bound first, so that a busy one fails at once,
-        not after the model has loaded. A start that fails releases whatever it had started
-        before raising.
+        not after the model has loaded. A start that fails, or is cancelled, releases whatever
+        it had started before raising.
+
+        Args:
+            cancel: Give up once this is set (``main`` sets it on SIGINT or SIGTERM): the
+                start-up stops loading, never listens, and raises ``StartCancelled``; worker
+                processes are stopped, and session threads still loading their engines are
+                left to end by themselves once loaded (``main`` then exits without them).
 
         Raises:
+            StartCancelled: ``cancel`` was set before the server listened.
             TokenFileError: ``auth_token_file`` cannot be read or holds no token (read first,
                 on every start: a token removed from the file no longer works after a restart).
             BindError: an address (or the metrics port) cannot be bound: taken, privileged,
@@ -115,14 +123,20 @@ class InferenceServer:
             self._publish_address(False)  # a file left by an earlier run must not say "up"
             if cfg.metrics_port is not None:  # a port too: fail early; scrapes show the loading
                 self._start_metrics(cfg.metrics_host, cfg.metrics_port)
-            self._load()
+            self._load(cancel)
+            raise_if_cancelled(cancel)  # the last chance: from here on, a stop drains
             self._listener.start()
             self._publish_address(True)
+        except StartCancelled:  # nothing admitted: no wait for engines still loading
+            self._stop(timeout=0)
+            raise
         except BaseException:
             self._stop(timeout=5)
             raise
         self._started = True
-        self._log_serving()
+        log_serving(self.config, self.models, self.endpoints,
+                    None if self.auth.tokens is None else len(self.auth.tokens),
+                    self.config.auth_token_file)
 
     def _bind(self) -> list[socket.socket]:
         """The listening sockets, bound: TCP unless ``port`` is -1, and the Unix socket."""
@@ -147,22 +161,14 @@ class InferenceServer:
                 if serving else None
             publish_address(self.config.address_file, address)
 
-    def _load(self) -> None:
+    def _load(self, cancel: threading.Event | None) -> None:
         """Find the models, then start each one's backend: sessions here, or worker
         processes, or a broker front end."""
         cfg = self.config
         self.models.read()
         check_cuda_devices(cfg.inference_engine_type, cfg.gpu_indices())
-        names = ", ".join(f"{m.name} ({m.info.task})" for m in self.models)
-        if cfg.broker is not None:
-            log.info("front end for %s: tokenizing here, the model runs in the workers of the "
-                     "broker (%s bound)", names, self.endpoints)
-        else:
-            where = f"{cfg.workers} worker processes of " if cfg.workers > 1 else ""
-            log.info("loading %s into %s%d %s sessions each (%s bound; accepting once loaded)",
-                     names, where, cfg.num_inference_sessions, cfg.inference_engine_type,
-                     self.endpoints)
-        self.models.start()
+        log_loading(cfg, self.models, self.endpoints)
+        self.models.start(cancel)
 
     def _start_metrics(self, host: str, port: int) -> None:
         from telemetry.prometheus import serve_metrics
@@ -174,35 +180,6 @@ class InferenceServer:
                             f"{exc.strerror}") from exc
         self.metrics_address = self._metrics_httpd.server_address[:2]
         log.info("Prometheus metrics on http://%s:%d/metrics", *self.metrics_address)
-
-    def _log_serving(self) -> None:
-        cfg = self.config
-        for model in self.models:
-            assert model.backend is not None
-            described = model.backend.describe()
-            engine = described.get("engine", {}).get("description", "?")
-            log.info("model %s: %s (%s, task %s) from %s; engine: %s", model.name,
-                     model.info.model_name, model.info.source, model.info.task,
-                     os.path.abspath(model.config.model_dir), engine)
-            if cfg.batching == "auto":
-                log.info("model %s: batch cost model after warm-up (ms per batch, "
-                         "ROWSxLENGTH%s): %s", model.name, ", worker 0" if cfg.workers > 1 else "",
-                         ", ".join(f"{shape} {ms:.1f}" for shape, ms in
-                                   described.get("cost_model_ms", {}).items()))
-        log.info("%s%d inference sessions per model; batching %s (max %d requests, %d tokens, "
-                 "delay %g ms)", f"{cfg.workers} workers on {', '.join(cfg.worker_devices())}, "
-                 "each with " if cfg.workers > 1 else "", cfg.num_inference_sessions,
-                 cfg.batching, cfg.max_batch_size, cfg.max_batch_tokens, cfg.max_queue_delay_ms)
-        log.info("limits: queue %d per model, request timeout %g ms, %d connections, idle %g s, "
-                 "frame %g s, frame size %d B, question %d chars, context %d chars "
-                 "(docs/operations.md)", cfg.max_queue, cfg.request_timeout_ms,
-                 cfg.max_connections, cfg.idle_timeout_s, cfg.frame_timeout_s,
-                 cfg.max_frame_size, cfg.max_question_chars, cfg.max_context_chars)
-        if self.auth.tokens is not None:
-            log.info("token authentication: %d tokens from %s; a connection must authenticate "
-                     "within %g s (auth_timeout)", len(self.auth.tokens), cfg.auth_token_file,
-                     cfg.auth_timeout_s)
-        log.info("serving on %s", self.endpoints)
 
     @property
     def backend(self) -> Backend | None:
@@ -372,10 +349,10 @@ def setting_registry() -> SettingRegistry:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run until SIGINT/SIGTERM; a second signal exits at once. Returns the exit status."""
+    """Run until SIGINT/SIGTERM; a second signal exits at once. Returns the exit status: 0 once
+    stopped (every admitted request answered; or stopped during start-up, before serving), 1
+    if the stop timed out (``os._exit(1)`` for a second signal), 2 if it could not start."""
     config = parse_args(__doc__, argv, registry=setting_registry())
-    # before any thread or worker process starts: they inherit it (workers/cpu_policy.py)
-    log.info("CPU scheduling: %s", apply_cpu_scheduling(config.cpu_scheduling))
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -385,21 +362,38 @@ def main(argv: list[str] | None = None) -> int:
         log.info("%s: stopping (again to force)", signal.Signals(signum).name)
         stop.set()
 
-    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGINT, on_signal)  # first: a stop is handled from the first log line
     signal.signal(signal.SIGTERM, on_signal)
+    # before any thread or worker process starts: they inherit it (workers/cpu_policy.py)
+    log.info("CPU scheduling: %s", explain(apply_cpu_scheduling(config.cpu_scheduling)))
     if config.role == "worker":  # run the model for the front ends of --broker until stopped
-        from broker.worker import run_worker
+        from broker.worker_main import run_worker
 
-        return run_worker(config, stop)
+        try:
+            return run_worker(config, stop)
+        except StartCancelled:
+            _stopped_during_start_up()
     server = InferenceServer(config)
     try:
-        server.start()
+        server.start(cancel=stop)
+    except StartCancelled:
+        _stopped_during_start_up()
     except Exception as exc:  # noqa: BLE001 - any start failure is exit status 2, logged
         log.error("cannot start: %s", exc if isinstance(exc, BindError) else
                   f"{type(exc).__name__}: {exc}")
         return 2
     wait_until_set(stop)
     return 0 if server.shutdown() else 1
+
+
+def _stopped_during_start_up() -> NoReturn:
+    """Exit 0 at once, without the interpreter's teardown: a session thread may still be
+    loading its engine, which nothing interrupts, and the teardown would wait for it or free
+    the runtime beneath it. Whatever else the start-up had started is stopped already."""
+    log.info("stopped during start-up, before serving")
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

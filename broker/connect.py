@@ -8,10 +8,16 @@ password, if any, never appears in logs or stats (broker/urls.py's ``redact``).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
 from redis.exceptions import ResponseError
+
+from broker.urls import redact
+
+log = logging.getLogger(__name__)
 
 #: Seconds to connect, and to wait for any reply but a blocking read's.
 SOCKET_TIMEOUT_S = 2.0
@@ -71,6 +77,23 @@ def connect(url: str, block_s: float = 0.0) -> redis.Redis:
     blocking read it will make, added to its reply timeout."""
     return redis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT_S + block_s,
                                 socket_connect_timeout=SOCKET_TIMEOUT_S, health_check_interval=0)
+
+
+def first_connect(connect_now: Callable[[], None], url: str, meanwhile: str) -> None:
+    """Connect at start (``connect_now``): Redis refusing us fails the start, an unreachable
+    Redis is logged (with ``meanwhile``: what waits for it) and left to be retried.
+
+    Raises:
+        RuntimeError: Redis refused us (wrong password, not a Redis, no such database).
+    """
+    try:
+        connect_now()
+    except redis.AuthenticationError as exc:  # a ConnectionError to redis-py; not to us
+        raise RuntimeError(f"broker {redact(url)} refused us: {exc}") from exc
+    except BROKER_ERRORS as exc:
+        log.warning("broker %s unreachable (%s); %s", redact(url), exc, meanwhile)
+    except redis.RedisError as exc:
+        raise RuntimeError(f"broker {redact(url)} refused us: {exc}") from exc
 
 
 def ensure_group(client: redis.Redis, keys: Keys) -> None:

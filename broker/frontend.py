@@ -25,7 +25,15 @@ from typing import Any
 
 import redis
 
-from broker.connect import ADMIT_SCRIPT, BLOCK_S, BROKER_ERRORS, Keys, connect, ensure_group
+from broker.connect import (
+    ADMIT_SCRIPT,
+    BLOCK_S,
+    BROKER_ERRORS,
+    Keys,
+    connect,
+    ensure_group,
+    first_connect,
+)
 from broker.expiry import ExpiryClock
 from broker.in_flight import GivenUp, InFlight
 from broker.monitor import BrokerMonitor
@@ -44,6 +52,7 @@ from protocol.errors import (
 from protocol.messages import QARequest
 from scheduling.pool import BACKOFF_S
 from scheduling.queue import Responder, WorkItem
+from scheduling.waits import raise_if_cancelled
 from settings.server_config import ServerConfig
 from tasks.base import answer_of
 from tasks.qa import QATask
@@ -100,22 +109,17 @@ class RedisBackend:
                                         daemon=True)
 
     # -- start ---------------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, cancel: threading.Event | None = None) -> None:
         """Load the tokenizer and connect; an unreachable Redis is waited for in the background.
 
         Raises:
             RuntimeError: Redis refused us (wrong password, not a Redis, no such database).
+            StartCancelled: ``cancel`` was set while the tokenizer loaded.
         """
         require_qa(self.info)
         self.task = QATask.from_model(self.config.model_dir, self.info, self.config)
-        try:
-            self._connect()
-        except redis.AuthenticationError as exc:  # a ConnectionError to redis-py; not to us
-            raise RuntimeError(f"broker {redact(self.url)} refused us: {exc}") from exc
-        except BROKER_ERRORS as exc:
-            log.warning("broker %s unreachable (%s); not ready until it is", redact(self.url), exc)
-        except redis.RedisError as exc:
-            raise RuntimeError(f"broker {redact(self.url)} refused us: {exc}") from exc
+        raise_if_cancelled(cancel)
+        first_connect(self._connect, self.url, "not ready until it is")
         self.monitor.start()
         self._clock.start()
         self._thread.start()

@@ -30,21 +30,28 @@ from typing import Any
 
 import redis
 
-from broker.connect import BLOCK_S, BROKER_ERRORS, GROUP, Keys, connect, ensure_group
+from broker.connect import BLOCK_S, GROUP, Keys, connect, ensure_group, first_connect
 from broker.outbox import ReplyOutbox
 from broker.rows_task import RowsTask
 from broker.urls import redact
 from broker.wire import FIELD, Work, decode_work, encode_answer, encode_error, require_qa
 from engines.base import Engine
-from engines.model_dir import ModelInfo, load_model_info, model_fingerprint
+from engines.model_dir import ModelInfo, model_fingerprint
 from protocol.errors import InternalError, ServerError, WorkerLost
 from scheduling.planner import MIN_GAIN
 from scheduling.pool import BACKOFF_S, SessionPool
 from scheduling.queue import DeadlineReaper, WorkItem, WorkQueue
+from scheduling.waits import StartCancelled
 from settings.server_config import ServerConfig
 from tasks.qa import padded_lengths
 from telemetry.stats import ServerStats
-from workers.local import batch_policy, default_engine_factory, describe_serving, start_sessions
+from workers.local import (
+    batch_policy,
+    default_engine_factory,
+    describe_serving,
+    model_label,
+    session_pool,
+)
 
 log = logging.getLogger("worker")
 
@@ -97,36 +104,39 @@ class RedisWorker:
                          threading.Thread(target=self._beat, name="heartbeat", daemon=True)]
 
     # -- start ---------------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, cancel: threading.Event | None = None) -> None:
         """Load and warm up every session, then take work (waiting for Redis if need be).
+
+        Args:
+            cancel: Give up once this is set (a stop asked during start-up): the sessions are
+                stopped, and no work was taken.
 
         Raises:
             RuntimeError: the model is not a qa model, a session could not load its engine,
                 or Redis refused us.
+            StartCancelled: ``cancel`` was set before every session was ready.
         """
         require_qa(self.info)
-        try:
-            self._connect()
-        except redis.AuthenticationError as exc:  # a ConnectionError to redis-py; not to us
-            raise RuntimeError(f"broker {redact(self.config.broker or '')} refused us: "
-                               f"{exc}") from exc
-        except BROKER_ERRORS as exc:
-            log.warning("broker %s unreachable (%s); will take work once it is",
-                        redact(self.config.broker or ""), exc)
-        except redis.RedisError as exc:
-            raise RuntimeError(f"broker {redact(self.config.broker or '')} refused us: "
-                               f"{exc}") from exc
+        url = redact(self.config.broker or "")
+        first_connect(self._connect, self.config.broker or "", "will take work once it is")
+        log.info("worker %s: loading %s into %d %s sessions, then taking work from %s on %s",
+                 self.name, model_label(self.config), self.config.num_inference_sessions,
+                 self.config.inference_engine_type, self.keys.work, url)
         longest = min(self.config.max_seq_len, self.info.max_seq_len)
         task = RowsTask(self.info.input_names, self._room_changed)
-        self.pool = start_sessions(self.config, self.engine_factory, task, self.queue,
-                                   self.policy, self.stats,
-                                   padded_lengths(self.config.bucket_lengths(), longest), longest)
+        self.pool = session_pool(self.config, self.engine_factory, task, self.queue, self.policy,
+                                 self.stats, padded_lengths(self.config.bucket_lengths(), longest),
+                                 longest)
+        try:
+            self.pool.start(cancel)
+        except StartCancelled:
+            self.queue.close()  # nothing was taken: the sessions end once loaded
+            raise
         DeadlineReaper(self.queue).start()
         self.outbox.start()
         for thread in self._threads:
             thread.start()
-        log.info("worker %s serving: work from %s on %s", self.name, self.keys.work,
-                 redact(self.config.broker or ""))
+        log.info("worker %s serving: work from %s on %s", self.name, self.keys.work, url)
 
     def _connect(self) -> None:
         ensure_group(self.client, self.keys)
@@ -380,24 +390,3 @@ class RedisWorker:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-def run_worker(config: ServerConfig, stop: threading.Event) -> int:
-    """Serve the model of ``config.model_dir`` as a worker until ``stop`` is set; the exit
-    status (0: drained, 1: timed out or replies lost with the broker, 2: could not start,
-    3: a thread of its own died)."""
-    try:
-        worker = RedisWorker(config, load_model_info(config.model_dir))
-        worker.start()
-    except Exception as exc:  # noqa: BLE001 - any start failure is exit status 2, logged
-        log.error("cannot start: %s: %s", type(exc).__name__, exc)
-        return 2
-    while not stop.wait(HEARTBEAT_S):
-        if not worker.healthy:  # never seen; but a worker that takes no work must not linger
-            log.critical("a worker thread died; stopping so that a supervisor restarts us")
-            worker.stop(config.shutdown_timeout_s)
-            return 3
-    drained = worker.stop(config.shutdown_timeout_s)
-    log.info("worker stopped (%s)", "everything taken was answered" if drained else
-             "timed out, or replies could not reach the broker")
-    return 0 if drained else 1

@@ -9,6 +9,7 @@ them: every subfolder holding a serving.json is a model named after the subfolde
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -27,6 +28,7 @@ from protocol.messages import (
     PingRequest,
     StatsRequest,
 )
+from scheduling.waits import raise_if_cancelled
 from settings.server_config import ServerConfig
 from tasks import task_class
 from telemetry.stats import ServerStats
@@ -146,18 +148,24 @@ class ModelSet:
                              f"{len(self.models)} ({', '.join(self.models)})")
         self.task_ops = frozenset(m.op for m in self if m.op not in REQUEST_PARSERS)
 
-    def start(self) -> None:
+    def start(self, cancel: threading.Event | None = None) -> None:
         """Load every model's task and engines, one model after another (each warms up alone).
+
+        Args:
+            cancel: Give up once this is set (a stop asked during start-up); ``stop`` then
+                stops what was started.
 
         Raises:
             RuntimeError: a model could not load.
+            StartCancelled: ``cancel`` was set before every model was loaded.
         """
         for model in self:
+            raise_if_cancelled(cancel)
             if not model.info.meaningful:
                 log.warning("%s: %s", model.name, model.info.warning)
             model.backend = make_backend(model.config, model.info, model.stats,
                                          self.engine_factory)
-            model.backend.start()
+            model.backend.start(cancel)
 
     def __iter__(self) -> Iterator[ServedModel]:
         return iter(self.models.values())

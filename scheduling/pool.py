@@ -49,17 +49,22 @@ class SessionPool:
         self._draining = False
         self._stopping = False
 
-    def start(self) -> None:
+    def start(self, cancel: threading.Event | None = None) -> None:
         """Start every session and wait until each has loaded and warmed up.
+
+        Args:
+            cancel: Stop waiting once this is set (a stop asked during start-up). The sessions
+                go on loading: closing their queue makes them end, and ``join`` waits for them.
 
         Raises:
             RuntimeError: a session could not load its engine (the server cannot start).
+            StartCancelled: ``cancel`` was set before every session was ready.
         """
         self.sessions = [self._build(i, initial=True) for i in range(self.count)]
         for session in self.sessions:
             session.start()
         for session in self.sessions:
-            wait_until_set(session.ready)  # the main thread: signals must still be handled
+            wait_until_set(session.ready, cancel)  # the main thread: signals must be handled
         failed = [s for s in self.sessions if s.load_error is not None]
         if failed:
             error = failed[0].load_error

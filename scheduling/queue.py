@@ -266,6 +266,12 @@ class WorkQueue:
             self._not_empty.notify_all()
             self._expiry.notify_all()
 
+    @property
+    def closed_and_empty(self) -> bool:
+        """Closed with nothing left in it: no session will be given another item."""
+        with self._lock:
+            return self._closed and not self._items
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)

@@ -52,15 +52,21 @@ class InferenceSession(threading.Thread):
         on_exit: Called (from this thread) if the session stops for any reason other than the
             queue closing: its engine failed to load, or an exception escaped the serving loop.
             ``crash`` then holds that exception.
+        model: The served model's name, for the log (None: the log names no model).
+
+    A queue closed while the session loads (a stop asked during start-up) cuts the warm-up
+    short: the session then closes its engine and ends without serving.
     """
 
     def __init__(self, index: int, engine_factory: Callable[[], Engine], task: BatchTask,
                  queue: WorkQueue, policy: BatchPolicy | int = 1,
                  stats: ServerStats | None = None,
                  warmup: Sequence[int] = (), prime: Sequence[tuple[int, int]] = (),
-                 on_exit: Callable[[InferenceSession], None] | None = None) -> None:
+                 on_exit: Callable[[InferenceSession], None] | None = None,
+                 model: str | None = None) -> None:
         super().__init__(name=f"session-{index}", daemon=True)
         self.index = index
+        self.model = model
         self.engine_factory = engine_factory
         self.task = task
         self.queue = queue
@@ -94,7 +100,11 @@ class InferenceSession(threading.Thread):
                 self.on_exit(self)
             return
         self.ready.set()
-        log.info("%s: engine loaded and warmed up; serving", self.name)
+        if self.queue.closed_and_empty:  # stopped while it loaded: nothing to serve
+            _close_quietly(self.engine)
+            return
+        log.info("%s%s: engine loaded and warmed up; serving",
+                 "" if self.model is None else f"model {self.model}: ", self.name)
         try:
             self._serve()
         finally:
@@ -133,9 +143,13 @@ class InferenceSession(threading.Thread):
         if check is not None:  # a model its task cannot read fails here, not every request
             check(outputs, 1)
         for rows, length in self.prime_shapes:
+            if self.queue.closed_and_empty:  # stopped while loading: warm up for nothing
+                return
             engine.run(dummy_feeds(engine.input_names, rows, length))
         cap, budget = self.policy.cap, self.policy.max_tokens
         for length in self.warmup_lengths:
+            if self.queue.closed_and_empty:
+                return
             best, rows = float("inf"), 1
             while rows <= cap and (not budget or rows * length <= budget or rows == 1):
                 per_row = self._time_shape(engine, rows, length) / rows

@@ -1,10 +1,15 @@
-"""Waits that let the main thread run signal handlers.
+"""Waits that let the main thread run signal handlers, and give up when a stop is asked.
 
 Python runs a signal's handler only in the main thread, and only once that thread is back in the
 interpreter. The kernel may hand a process's signal to any of its threads that does not block it;
 on a GPU that is often a CUDA or ONNX Runtime thread, and then a main thread blocked in an untimed
 ``Event.wait()`` never wakes: the server ignores SIGTERM and Ctrl+C (found on an H100,
 docs/benchmarks.md). The main thread therefore waits in short steps.
+
+A start-up waits for engines to load and worker processes to warm up, which takes seconds to
+minutes. A signal's handler only sets a flag (the ``cancel`` event); each wait of the start-up
+checks it at every step and raises ``StartCancelled``, so that a stop asked during start-up
+stops the start-up instead of waiting for it to finish.
 """
 
 from __future__ import annotations
@@ -15,7 +20,32 @@ import threading
 SIGNAL_POLL_S = 0.2
 
 
-def wait_until_set(event: threading.Event) -> None:
-    """Block until ``event`` is set, waking every ``SIGNAL_POLL_S`` so signal handlers run."""
+class StartCancelled(Exception):
+    """A stop was asked (SIGINT, SIGTERM) while the server was starting: the start-up was
+    abandoned, and whatever it had started is to be stopped. Not a failure: nothing went wrong."""
+
+
+def raise_if_cancelled(cancel: threading.Event | None) -> None:
+    """Raise ``StartCancelled`` if ``cancel`` is set.
+
+    Raises:
+        StartCancelled: a stop was asked.
+    """
+    if cancel is not None and cancel.is_set():
+        raise StartCancelled("a stop was asked during start-up")
+
+
+def wait_until_set(event: threading.Event, cancel: threading.Event | None = None) -> None:
+    """Block until ``event`` is set, waking every ``SIGNAL_POLL_S`` so signal handlers run.
+
+    Args:
+        event: What to wait for.
+        cancel: Give up as soon as this is set (checked before the first wait, then at every
+            step); None waits for ``event`` alone.
+
+    Raises:
+        StartCancelled: ``cancel`` was set before ``event``.
+    """
+    raise_if_cancelled(cancel)
     while not event.wait(SIGNAL_POLL_S):
-        pass
+        raise_if_cancelled(cancel)

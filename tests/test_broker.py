@@ -149,6 +149,23 @@ def test_stats_and_metrics_cover_the_broker(deployment: InferenceServer,
         assert series in text
 
 
+def test_a_front_end_logs_its_broker_and_model_and_no_engine_of_its_own(
+        deployment: InferenceServer, broker: RedisServer, tiny_model_dir: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # It logged "engine: ?" (or a worker's engine, as its own), an empty cost model and
+    # "2 inference sessions per model", of sessions it does not run.
+    with caplog.at_level("INFO"):
+        front = front_end(broker.url, tiny_model_dir)
+        front.shutdown(10)
+    log = caplog.text
+    assert "broker redis://:***@127.0.0.1" in log and "work on qa:work" in log  # its broker
+    name = tiny_model_dir.name
+    assert f"model {name}: tiny-random-bert-qa-0" in log  # its model
+    assert "run by the broker's workers (--role worker)" in log  # what runs it
+    assert "engine:" not in log and "cost model" not in log, log
+    assert "inference sessions" not in log, log
+
+
 def test_an_unreadable_work_entry_is_dropped_and_the_workers_keep_serving(
         deployment: InferenceServer, broker: RedisServer) -> None:
     client = broker.client()

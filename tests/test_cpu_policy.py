@@ -114,4 +114,6 @@ def test_server_py_and_its_worker_processes_run_under_the_policy(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         reader.join(10)
-    assert f"CPU scheduling: {policy}" in "".join(lines)
+    meaning = {"batch": "SCHED_BATCH for every thread (one that wakes on a busy core waits",
+               "normal": "SCHED_OTHER, the kernel's default"}[policy]
+    assert f"CPU scheduling: {policy} = {meaning}" in "".join(lines)  # what it means, in words

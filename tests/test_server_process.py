@@ -130,6 +130,9 @@ def test_logs_say_what_serves_where_and_warn_about_meaningless_models(tiny_model
     assert "tiny-random-bert-qa-0" in log and "onnxruntime" in log and " on cpu" in log
     assert "3 inference sessions" in log and f"{host}:{port}" in log
     assert "NOT MEANINGFUL" in log
+    name = tiny_model_dir.name  # each session's line names the model it serves
+    assert sorted(re.findall(rf"model {name}: (session-\d): engine loaded and warmed up; "
+                             "serving", log)) == ["session-0", "session-1", "session-2"], log
 
 
 def test_sigterm_under_load_answers_every_admitted_request_and_exits_zero(
@@ -227,8 +230,8 @@ def test_sigterm_taken_by_another_thread_still_stops_the_server(tiny_model_dir: 
 def test_sigterm_to_another_thread_while_workers_load_stops_the_server(
         tiny_model_dir: Path) -> None:
     # The main thread waits for the workers to load; a signal another thread takes is handled
-    # then, and the server stops cleanly once loaded (a GPU's start-up, with TensorRT, can take
-    # minutes). tests/test_waits.py shows the wait itself lets the handler run.
+    # then, and the start-up stops at once (a GPU's start-up, with TensorRT, can take minutes).
+    # tests/test_waits.py shows the wait itself lets the handler run.
     proc = spawn_server("--model_dir", str(tiny_model_dir), "--workers", "2")
     lines: list[str] = []
     reader: threading.Thread | None = None

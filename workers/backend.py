@@ -9,6 +9,7 @@ request's ``respond`` on the way out, plus ``ready``, ``describe`` and a drainin
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -20,8 +21,10 @@ from telemetry.stats import ServerStats
 class Backend(Protocol):
     """Where admitted requests go, and how they come back."""
 
-    def start(self) -> None:
-        """Load and warm up everything; return once serving. Raises RuntimeError if it cannot."""
+    def start(self, cancel: threading.Event | None = None) -> None:
+        """Load and warm up everything; return once serving. Raises RuntimeError if it cannot,
+        and ``StartCancelled`` (scheduling/waits.py) once ``cancel`` is set before it serves;
+        ``stop`` then releases what was started."""
 
     def submit(self, request: ModelRequest, respond: Responder,
                alive: Callable[[], bool], enqueued_at: float, deadline: float | None) -> None:

@@ -30,6 +30,14 @@ log = logging.getLogger(__name__)
 CPU_POLICIES = ("batch", "normal")
 #: The server setting whose values these are (settings/choices.py).
 SETTING_CHOICES = {"cpu_scheduling": CPU_POLICIES}
+#: What each choice means, for the start-up log.
+MEANINGS = {
+    "batch": "SCHED_BATCH for every thread (one that wakes on a busy core waits for the "
+             "running thread's time slice instead of preempting it: fewer switches under load; "
+             "--cpu_scheduling normal turns it off)",
+    "normal": "SCHED_OTHER, the kernel's default (--cpu_scheduling batch: fewer switches "
+              "under load)",
+}
 
 
 def _os_policies() -> dict[str, int]:
@@ -79,3 +87,13 @@ def apply_cpu_scheduling(policy: str) -> str:
     return policy + (f" ({kept} thread(s) under the operator's own policy kept it)"
                      if kept else "")
 
+
+def explain(applied: str) -> str:
+    """``apply_cpu_scheduling``'s words with what the policy means: ``batch = SCHED_BATCH for
+    every thread (...)``; words that name no policy set (``unchanged (...)``, ``normal (normal
+    needs Linux)``) as they are."""
+    policy, _, rest = applied.partition(" ")
+    meaning = MEANINGS.get(policy)
+    if meaning is None or "needs Linux" in rest:
+        return applied
+    return f"{policy} = {meaning}" + (f" {rest}" if rest else "")

@@ -15,9 +15,13 @@ ROOT = Path(__file__).resolve().parent.parent
 def start_worker(fd: int) -> subprocess.Popen[bytes]:
     """A fresh interpreter running ``python -m workers.worker_main FD`` (not a fork of the
     threaded front end, and not multiprocessing's spawn, which would re-run the user's main
-    module), inheriting only the pipe ``fd``."""
+    module), inheriting only the pipe ``fd``.
+
+    It runs in a session of its own: Ctrl+C at a terminal goes to the foreground process group,
+    and must reach the front end alone, which stops its workers itself (even a worker that has
+    not yet set its signals, still importing, would print a ``KeyboardInterrupt`` traceback)."""
     return subprocess.Popen([sys.executable, "-m", "workers.worker_main", str(fd)],
-                            pass_fds=(fd,), env=worker_env())
+                            pass_fds=(fd,), env=worker_env(), start_new_session=True)
 
 
 def worker_env() -> dict[str, str]:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from engines import load_engine
@@ -20,6 +22,7 @@ from scheduling.planner import BatchPolicy
 from scheduling.pool import SessionPool
 from scheduling.queue import DeadlineReaper, Responder, WorkItem, WorkQueue
 from scheduling.session import BatchTask, InferenceSession
+from scheduling.waits import StartCancelled
 from settings.server_config import ServerConfig
 from tasks import load_task
 from tasks.base import Task
@@ -72,19 +75,23 @@ def default_engine_factory(config: ServerConfig, device: str,
                    graph=config.pytorch_graph)
 
 
-def start_sessions(config: ServerConfig, factory: Callable[[], Engine], task: BatchTask,
-                   queue: WorkQueue, policy: BatchPolicy, stats: ServerStats,
-                   buckets: tuple[int, ...], longest: int) -> SessionPool:
-    """Start ``--num_inference_sessions`` sessions on ``queue`` and return once every one has
-    loaded, primed and (the first) timed its engine for the cost model.
+def model_label(config: ServerConfig) -> str:
+    """The served model's name, for log lines: its folder's name (a repository's subfolder)."""
+    folder = Path(config.model_dir)
+    return folder.name or folder.resolve().name
 
-    Raises:
-        RuntimeError: a session could not load its engine.
-    """
+
+def session_pool(config: ServerConfig, factory: Callable[[], Engine], task: BatchTask,
+                 queue: WorkQueue, policy: BatchPolicy, stats: ServerStats,
+                 buckets: tuple[int, ...], longest: int) -> SessionPool:
+    """``--num_inference_sessions`` sessions on ``queue``, as a pool not started yet: its
+    ``start`` returns once every one has loaded, primed and (the first) timed its engine for
+    the cost model."""
     # two lengths, a short one and the longest: the cost model scales between them, and
     # start-up stays short (each length times doubling row counts while batching pays);
     # with length buckets, every bucket: the only lengths batches will have
     warmup = list(buckets) or sorted({n for n in (64,) if n < longest} | {longest})
+    model = model_label(config)
 
     def make(index: int, initial: bool) -> InferenceSession:
         # One session times the warm-up shapes for the shared cost model (sessions warming
@@ -92,12 +99,10 @@ def start_sessions(config: ServerConfig, factory: Callable[[], Engine], task: Ba
         timed = config.batching == "auto" and index == 0 and initial
         return InferenceSession(index, factory, task, queue, policy, stats,
                                 warmup=warmup if timed else (),
-                                prime=prime_shapes(buckets, config.max_batch_tokens))
+                                prime=prime_shapes(buckets, config.max_batch_tokens), model=model)
 
-    pool = SessionPool(config.num_inference_sessions, make,
+    return SessionPool(config.num_inference_sessions, make,
                        on_restart=lambda: stats.count_event("session_restart"))
-    pool.start()
-    return pool
 
 
 class LocalBackend:
@@ -127,26 +132,32 @@ class LocalBackend:
         self.pool: SessionPool | None = None
         self._reaper = DeadlineReaper(self.queue)
 
-    def start(self) -> None:
+    def start(self, cancel: threading.Event | None = None) -> None:
         """Load the task (its tokenizer), then every session's engine (warmed up), then serve.
+
+        Args:
+            cancel: Give up once this is set (a stop asked during start-up); ``stop`` then
+                waits for the sessions still loading.
 
         Raises:
             RuntimeError: a session could not load its engine.
+            StartCancelled: ``cancel`` was set before every session was ready.
         """
         self.task = load_task(self.config.model_dir, self.info, self.config)
         reason = numpy_search_reason()
         if self.info.task == "qa" and reason is not None:
             log.warning("QA answers are searched in numpy: the C span search is %s (same "
                         "answers, more CPU per request; docs/operations.md)", reason)
-        self._start_sessions(self.task)
+        self._start_sessions(self.task, cancel)
         self._reaper.start()
 
-    def _start_sessions(self, task: Task) -> None:
+    def _start_sessions(self, task: Task, cancel: threading.Event | None) -> None:
+        self.pool = session_pool(self.config, self.engine_factory, task, self.queue,
+                                 self.policy, self.stats, task.buckets, task.max_seq_len)
         try:
-            self.pool = start_sessions(self.config, self.engine_factory, task, self.queue,
-                                       self.policy, self.stats, task.buckets, task.max_seq_len)
-        except RuntimeError:
-            self.queue.close()
+            self.pool.start(cancel)
+        except (RuntimeError, StartCancelled):
+            self.queue.close()  # the sessions still loading end once loaded; stop joins them
             raise
 
     def submit(self, request: ModelRequest, respond: Responder, alive: Callable[[], bool],

@@ -29,7 +29,7 @@ from protocol.errors import ShuttingDown, WorkerLost, error_for_code
 from protocol.messages import ModelRequest
 from scheduling.pool import BACKOFF_S
 from scheduling.queue import DeadlineReaper, Responder, WorkItem, WorkQueue
-from scheduling.waits import wait_until_set
+from scheduling.waits import StartCancelled, wait_until_set
 from settings.server_config import ServerConfig
 from telemetry.stats import ServerStats
 from transport.coalesce import coalesced_sends
@@ -76,27 +76,41 @@ class ProcessBackend:
         self._answering = 0  # bulks popped from jobs whose replies are still being written
 
     # -- start -------------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, cancel: threading.Event | None = None) -> None:
         """Start every worker and wait until each has loaded and warmed up.
+
+        Args:
+            cancel: Give up once this is set (a stop asked during start-up): every worker is
+                told to stop, and exits at once, loaded or not (workers/worker_main.py).
 
         Raises:
             RuntimeError: a worker could not start (the server cannot start).
+            StartCancelled: ``cancel`` was set before every worker was ready.
         """
         for handle in self.handles:
             self._spawn(handle)
-        for handle in self.handles:
-            wait_until_set(handle.loaded)  # the main thread: signals must still be handled
+        try:
+            for handle in self.handles:
+                wait_until_set(handle.loaded, cancel)  # the main thread: signals are handled
+        except StartCancelled:
+            self._abandon_start()
+            raise
         with self._cond:  # one that loaded may have died while the others were loading
             failed = next((h for h in self.handles if h.load_error is not None
                            or h.state != "serving"), None)
         if failed is not None:
-            self._stopping = True
-            self.queue.close()
-            self._stop_workers(time.monotonic() + 5)
+            self._abandon_start()
             raise RuntimeError(f"worker {failed.index} could not start: "
                                f"{failed.load_error or 'it died while the others loaded'}")
         self._started = True
         self._reaper.start()
+
+    def _abandon_start(self) -> None:
+        """Stop every worker of a start that cannot go on; none holds any work yet."""
+        with self._cond:
+            self._stopping = True
+        self.queue.close()
+        self._stop_workers(time.monotonic())
 
     def _spawn(self, handle: WorkerHandle) -> None:
         """Start a (new) process for ``handle``, and the thread that reads its pipe.
@@ -200,7 +214,7 @@ class ProcessBackend:
             job_id = next(self._ids)
             handle.jobs[job_id] = item
             shares.setdefault(handle, []).append(
-                (job_id, item.features, item.enqueued_at, item.deadline))
+                Job(job_id, item.features, item.enqueued_at, item.deadline))
         return shares
 
     # -- a worker's pipe -----------------------------------------------------------------------

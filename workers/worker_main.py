@@ -4,7 +4,7 @@ The front end starts it as ``python -m workers.worker_main FD``. Messages (pickl
 the pipe, front end -> worker:
 
     (config, index, device, log_level)        first, once
-    ("jobs", [(job_id, request, enqueued_at, deadline), ...])   (request: protocol.messages)
+    ("jobs", [Job(job_id, request, enqueued_at, deadline), ...])   (request: protocol.messages)
     ("stats", token)            ("stop",)
 
 and worker -> front end:
@@ -15,8 +15,12 @@ and worker -> front end:
 Times are ``time.monotonic()`` seconds, one clock for every process of a machine. The worker
 tokenizes each job as it arrives (on the thread that reads the pipe, while its sessions run the
 engine), batches and runs them as the in-process server does, and sends answers back in bulk.
-It ignores SIGINT and SIGTERM: the front end drains and stops it, and it exits by itself when
-the front end's end of the pipe closes (the front end died).
+
+Its main thread loads the model while the ``pipe-reader`` thread already reads the pipe, so
+that the worker hears the front end at any time. It ignores SIGINT and SIGTERM (and runs in a
+session of its own, workers/launch.py): the front end alone stops it. Told to stop, it drains
+and exits; told to stop while it still loads, or finding the front end's end of the pipe closed
+(the front end died), it exits at once: it holds no work yet, or nobody awaits its answers.
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ import sys
 import threading
 from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NamedTuple
 
 from engines import GIL_RETAKING
 from engines.model_dir import load_model_info
 from protocol.errors import InternalError, ServerError
+from protocol.messages import ModelRequest
 from settings.server_config import ServerConfig
 from tasks.encoding import release_gil
 from telemetry.stats import ServerStats
@@ -41,8 +46,16 @@ from workers.local import LocalBackend
 
 log = logging.getLogger("worker")
 
-#: One job as it travels the pipe.
-Job = tuple[int, str, str, float, "float | None"]
+
+class Job(NamedTuple):
+    """One admitted request as it travels the pipe to a worker (a tuple: cheap to pickle)."""
+
+    job_id: int  #: the front end's number for it, which its answer carries back
+    request: ModelRequest
+    enqueued_at: float  #: when the front end admitted it (``time.monotonic()``)
+    deadline: float | None  #: ``time.monotonic()`` after which it must not run
+
+
 #: One answer as it travels back.
 Answer = tuple[int, "dict[str, Any] | None", "str | None", "str | None"]
 
@@ -100,10 +113,12 @@ class Outbox:
 
 
 def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
-               log_level: int = logging.INFO) -> None:
-    """Entry point of worker process ``index`` (started by workers.processes.ProcessBackend)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the front
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # end drains, then stops us itself
+               log_level: int = logging.INFO) -> int:
+    """Entry point of worker process ``index`` (started by workers.processes.ProcessBackend):
+    load, serve until told to stop or orphaned, stop. Returns the exit status (0; 1 if the
+    model could not be loaded)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end drains, then stops us itself
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format=(
         f"%(asctime)s %(levelname)s worker-{index} %(threadName)s %(name)s: %(message)s"))
     scheduling = apply_cpu_scheduling(config.cpu_scheduling)  # before our threads: they inherit
@@ -113,6 +128,9 @@ def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
     # session thread, unless the engine takes the GIL back more than once per run (PyTorch,
     # engines.GIL_RETAKING): then each take-back would wait behind a whole encode.
     release_gil(config.inference_engine_type in GIL_RETAKING)
+    outbox = Outbox(conn)
+    reader = PipeReader(conn, outbox, stats)
+    reader.start()
     try:
         info = load_model_info(config.model_dir)
         # its queue holds whatever the front end may hand it: admission was the front end's
@@ -121,36 +139,71 @@ def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
         backend.start()
     except Exception as exc:  # noqa: BLE001 - reported to the front end, which exits
         log.error("cannot start: %s: %s", type(exc).__name__, exc)
-        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
-        return
-    conn.send(("ready", backend.describe()))
-    outbox = Outbox(conn)
-    orphaned = True  # until the front end says stop: its end of the pipe may just close
-    try:
-        orphaned = _serve(conn, backend, outbox, stats)
-    finally:
-        backend.stop(0.0 if orphaned else config.shutdown_timeout_s)
+        outbox.post(("failed", f"{type(exc).__name__}: {exc}"))
         outbox.close()
+        return 1
+    reader.serve(backend)
+    outbox.post(("ready", backend.describe()))
+    reader.join()
+    backend.stop(0.0 if reader.orphaned else config.shutdown_timeout_s)
+    outbox.close()
+    return 0
 
 
-def _serve(conn: Connection, backend: LocalBackend, outbox: Outbox, stats: ServerStats) -> bool:
-    """Read the pipe until told to stop (False), or until the front end is gone (True)."""
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            log.warning("front end gone; stopping")
-            return True
-        kind = message[0]
-        if kind == "jobs":
-            for job in message[1]:
-                _submit(backend, outbox, job)
-        elif kind == "stats":
-            figures = stats.batch_figures()
-            figures["queue_depth"] = backend.queue_depth
-            outbox.post(("stats", message[1], figures))
-        elif kind == "stop":
-            return False
+class PipeReader(threading.Thread):
+    """Reads the front end's messages from the worker's start to its end.
+
+    Before ``serve`` (the model still loads) the front end sends nothing but ``stop``: told to
+    stop, or finding the pipe closed, the process exits at once (its main thread may be deep in
+    an engine's load, which cannot be interrupted; nothing was admitted). Once serving, jobs are
+    tokenized and queued here, and the thread ends when told to stop or when the pipe closes
+    (``orphaned``), for the main thread to stop the backend.
+    """
+
+    def __init__(self, conn: Connection, outbox: Outbox, stats: ServerStats) -> None:
+        super().__init__(name="pipe-reader", daemon=True)
+        self.conn, self.outbox, self.stats = conn, outbox, stats
+        self.backend: LocalBackend | None = None
+        self.orphaned = True  # until the front end says stop: its end of the pipe may just close
+        self._lock = threading.Lock()
+
+    def serve(self, backend: LocalBackend) -> None:
+        """The model is loaded: from now on, jobs go to ``backend``, and a stop drains it."""
+        with self._lock:
+            self.backend = backend
+
+    def run(self) -> None:
+        while True:
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                self._end("front end gone", orphaned=True)
+                return
+            kind = message[0]
+            if kind == "stop":
+                self._end("told to stop", orphaned=False)
+                return
+            backend = self.backend  # set before "ready" went out: jobs come after it
+            assert backend is not None, f"{kind!r} before ready"
+            if kind == "jobs":
+                for job in message[1]:
+                    _submit(backend, self.outbox, job)
+            elif kind == "stats":
+                figures = self.stats.batch_figures()
+                figures["queue_depth"] = backend.queue_depth
+                self.outbox.post(("stats", message[1], figures))
+
+    def _end(self, why: str, orphaned: bool) -> None:
+        """Leave the serving to the main thread's stop; or, still loading, exit now."""
+        with self._lock:
+            loading = self.backend is None
+            self.orphaned = orphaned
+        level = logging.WARNING if orphaned else logging.DEBUG
+        if loading:
+            log.log(level, "%s while loading the model; exiting", why)
+            logging.shutdown()
+            os._exit(0)
+        log.log(level, "%s; stopping", why)
 
 
 def _submit(backend: LocalBackend, outbox: Outbox, job: Job) -> None:
@@ -181,8 +234,7 @@ def main(argv: list[str]) -> int:
         config, index, device, log_level = conn.recv()
     except (EOFError, OSError):
         return 1
-    run_worker(config, index, device, conn, log_level)
-    return 0
+    return run_worker(config, index, device, conn, log_level)
 
 
 if __name__ == "__main__":
