@@ -82,8 +82,7 @@ def find_targets(model_dirs: list[str], task: str | None = None) -> list[Target]
         ValueError: no model of ``task``, a task the benchmark has no requests for, or two
             models of the same name.
     """
-    from dispatch.models import find_models
-    from engines.model_dir import load_model_info
+    from engines.model_dir import find_models, load_model_info
     from tasks import task_class
 
     targets = []

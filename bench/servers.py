@@ -23,8 +23,7 @@ def qa_model_dir(model_dir: str) -> str:
     Raises:
         ValueError: no ``qa`` model there.
     """
-    from dispatch.models import find_models
-    from engines.model_dir import load_model_info
+    from engines.model_dir import find_models, load_model_info
 
     found = find_models(model_dir)
     for _, folder in found:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 
+from broker.wire import require_one
 from broker.worker import HEARTBEAT_S, RedisWorker
-from engines.model_dir import load_model_info
+from engines.model_dir import find_models, load_model_info
 from scheduling.waits import StartCancelled
 from settings.server_config import ServerConfig
 
@@ -24,6 +26,9 @@ def run_worker(config: ServerConfig, stop: threading.Event) -> int:
             be loading; nothing else runs).
     """
     try:
+        found = find_models(config.model_dir)  # a repository of one model serves it, too
+        require_one(config.model_dir, [name for name, _ in found])
+        config = replace(config, model_dir=str(found[0][1]))
         worker = RedisWorker(config, load_model_info(config.model_dir))
         worker.start(cancel=stop)
     except StartCancelled:

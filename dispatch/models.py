@@ -13,11 +13,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
+from broker.wire import require_one
 from engines.base import Engine
-from engines.model_dir import METADATA_FILE, ModelDirError, ModelInfo, load_model_info
+from engines.model_dir import ModelInfo, find_models, load_model_info
 from engines.zero_engine import ZERO_ENGINE_WARNING
 from protocol.errors import BadRequest
 from protocol.messages import (
@@ -35,31 +35,6 @@ from telemetry.stats import ServerStats
 from workers.backend import Backend
 
 log = logging.getLogger(__name__)
-
-
-def find_models(model_dir: str | Path) -> list[tuple[str, Path]]:
-    """(name, folder) of each model in ``model_dir``: itself if it is a prepared model folder,
-    else each subfolder that is one, by name.
-
-    Raises:
-        ModelDirError: no prepared model there.
-    """
-    root = Path(model_dir)
-    folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) \
-        if root.is_dir() else []
-    found = [p for p in folders if (p / METADATA_FILE).is_file()]
-    if (root / METADATA_FILE).is_file():
-        if found:  # e.g. `prepare_model.py --task embed` after a model was written to the root
-            log.warning("%s is a model folder itself, so the models in its subfolders (%s) are "
-                        "not served; give each model a subfolder of its own", root,
-                        ", ".join(p.name for p in found))
-        return [(root.resolve().name, root)]
-    if not found:
-        raise ModelDirError(f"no prepared model in {root.resolve()} (no {METADATA_FILE} in it or "
-                            "in its subfolders); run `python prepare_model.py` first")
-    if skipped := [p.name for p in folders if p not in found]:  # an interrupted prepare, say
-        log.warning("not served, no %s in them: %s", METADATA_FILE, ", ".join(skipped))
-    return [(path.name, path) for path in found]
 
 
 @dataclass(eq=False)
@@ -143,9 +118,8 @@ class ModelSet:
             self.models[name] = ServedModel(
                 name=name, config=replace(self.config, model_dir=str(path)), info=info,
                 op=cls.op, stats=ServerStats(cls.op, self.stats), fields=dict(cls.fields))
-        if self.config.broker is not None and len(self.models) > 1:
-            raise ValueError("--broker serves one qa model; --model_dir holds "
-                             f"{len(self.models)} ({', '.join(self.models)})")
+        if self.config.broker is not None:
+            require_one(self.config.model_dir, list(self.models))
         self.task_ops = frozenset(m.op for m in self if m.op not in REQUEST_PARSERS)
 
     def start(self, cancel: threading.Event | None = None) -> None:

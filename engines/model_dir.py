@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 METADATA_FILE = "serving.json"
 ONNX_FILE = "model.onnx"
@@ -140,3 +143,28 @@ def save_model_info(model_dir: str | Path, info: ModelInfo) -> Path:
     tmp.write_text(info.to_json(), encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def find_models(model_dir: str | Path) -> list[tuple[str, Path]]:
+    """(name, folder) of each model in ``model_dir``: itself if it is a prepared model folder,
+    else each subfolder that is one, by name.
+
+    Raises:
+        ModelDirError: no prepared model there.
+    """
+    root = Path(model_dir)
+    folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) \
+        if root.is_dir() else []
+    found = [p for p in folders if (p / METADATA_FILE).is_file()]
+    if (root / METADATA_FILE).is_file():
+        if found:  # e.g. `prepare_model.py --task embed` after a model was written to the root
+            log.warning("%s is a model folder itself, so the models in its subfolders (%s) are "
+                        "not served; give each model a subfolder of its own", root,
+                        ", ".join(p.name for p in found))
+        return [(root.resolve().name, root)]
+    if not found:
+        raise ModelDirError(f"no prepared model in {root.resolve()} (no {METADATA_FILE} in it or "
+                            "in its subfolders); run `python prepare_model.py` first")
+    if skipped := [p.name for p in folders if p not in found]:  # an interrupted prepare, say
+        log.warning("not served, no %s in them: %s", METADATA_FILE, ", ".join(skipped))
+    return [(path.name, path) for path in found]

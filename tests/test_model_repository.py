@@ -133,7 +133,7 @@ def test_a_repositorys_stats_describe_each_model_apart_never_lumped(
 def test_models_left_out_of_a_repository_are_named_in_the_log(
         repository: Path, tiny_model_dir: Path, tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
-    from dispatch.models import find_models
+    from engines.model_dir import find_models
 
     with caplog.at_level("WARNING", logger="dispatch.models"):
         assert [name for name, _ in find_models(repository)] == ["alpha", "beta"]
