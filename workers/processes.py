@@ -35,7 +35,7 @@ from telemetry.stats import ServerStats
 from transport.coalesce import coalesced_sends
 from workers.handle import WorkerHandle
 from workers.launch import exit_words, start_worker, wait_exit
-from workers.worker_main import Job
+from workers.pipe_items import Job
 
 log = logging.getLogger(__name__)
 

@@ -32,32 +32,19 @@ import sys
 import threading
 from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import Any, NamedTuple
+from typing import Any
 
 from engines import GIL_RETAKING
 from engines.model_dir import load_model_info
 from protocol.errors import InternalError, ServerError
-from protocol.messages import ModelRequest
 from settings.server_config import ServerConfig
 from tasks.encoding import release_gil
 from telemetry.stats import ServerStats
 from workers.cpu_policy import apply_cpu_scheduling
 from workers.local import LocalBackend
+from workers.pipe_items import Answer, Job
 
 log = logging.getLogger("worker")
-
-
-class Job(NamedTuple):
-    """One admitted request as it travels the pipe to a worker (a tuple: cheap to pickle)."""
-
-    job_id: int  #: the front end's number for it, which its answer carries back
-    request: ModelRequest
-    enqueued_at: float  #: when the front end admitted it (``time.monotonic()``)
-    deadline: float | None  #: ``time.monotonic()`` after which it must not run
-
-
-#: One answer as it travels back.
-Answer = tuple[int, "dict[str, Any] | None", "str | None", "str | None"]
 
 
 class Outbox:
@@ -130,7 +117,7 @@ def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
     release_gil(config.inference_engine_type in GIL_RETAKING)
     outbox = Outbox(conn)
     reader = PipeReader(conn, outbox, stats)
-    reader.start()
+    reader.start()  # from now on a stop, or the front end's end, while we load exits at once
     try:
         info = load_model_info(config.model_dir)
         # its queue holds whatever the front end may hand it: admission was the front end's
@@ -173,6 +160,8 @@ class PipeReader(threading.Thread):
             self.backend = backend
 
     def run(self) -> None:
+        """Read messages until told to stop or the pipe closes; see the class for what a stop
+        does while the model still loads (the process exits from here)."""
         while True:
             try:
                 message = self.conn.recv()
