@@ -49,7 +49,7 @@ from transport.tls import server_context
 from transport.unix import describe
 from workers.backend import Backend
 from workers.cpu_policy import SETTING_CHOICES as CPU_SETTINGS
-from workers.cpu_policy import apply_cpu_scheduling, explain
+from workers.cpu_policy import apply_cpu_scheduling
 
 log = logging.getLogger("server")
 
@@ -349,9 +349,10 @@ def setting_registry() -> SettingRegistry:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run until SIGINT/SIGTERM; a second signal exits at once. Returns the exit status: 0 once
-    stopped (every admitted request answered; or stopped during start-up, before serving), 1
-    if the stop timed out (``os._exit(1)`` for a second signal), 2 if it could not start."""
+    """Run until SIGINT/SIGTERM. Returns the exit status: 0 once stopped with every admitted
+    request answered, 1 if the stop timed out, 2 if it could not start. Does not return where
+    the process must end at once: a stop during start-up exits 0 and a second signal exits 1,
+    both with ``os._exit`` (an engine still loading cannot be interrupted or waited for)."""
     config = parse_args(__doc__, argv, registry=setting_registry())
     stop = threading.Event()
 
@@ -365,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)  # first: a stop is handled from the first log line
     signal.signal(signal.SIGTERM, on_signal)
     # before any thread or worker process starts: they inherit it (workers/cpu_policy.py)
-    log.info("CPU scheduling: %s", explain(apply_cpu_scheduling(config.cpu_scheduling)))
+    log.info("CPU scheduling: %s", apply_cpu_scheduling(config.cpu_scheduling).explained())
     if config.role == "worker":  # run the model for the front ends of --broker until stopped
         from broker.worker_main import run_worker
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,31 @@ MEANINGS = {
     "normal": "SCHED_OTHER, the kernel's default (--cpu_scheduling batch: fewer switches "
               "under load)",
 }
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What ``apply_cpu_scheduling`` did: the policy set (None: none, and ``why_not`` says why,
+    with the policy that applies instead), and how many threads kept an operator's own policy.
+    ``str()`` is the short form (``batch``), ``explained()`` the start-up log's line."""
+
+    policy: str | None
+    kept: int = 0
+    why_not: str = ""
+
+    def __str__(self) -> str:
+        if self.policy is None:
+            return self.why_not
+        return self.policy + (f" ({self.kept} thread(s) under the operator's own policy kept it)"
+                              if self.kept else "")
+
+    def explained(self) -> str:
+        """The short form with what the policy means (``batch = SCHED_BATCH for every ...``)."""
+        if self.policy is None:
+            return self.why_not
+        kept = (f"; {self.kept} thread(s) under the operator's own policy kept it"
+                if self.kept else "")
+        return f"{self.policy} = {MEANINGS[self.policy]}{kept}"
 
 
 def _os_policies() -> dict[str, int]:
@@ -56,20 +82,21 @@ def _threads() -> list[int]:
         return [0]  # 0: the calling thread
 
 
-def apply_cpu_scheduling(policy: str) -> str:
+def apply_cpu_scheduling(policy: str) -> Applied:
     """Put this process's threads, and those it starts later, under ``policy``.
 
     Args:
         policy: One of ``CPU_POLICIES``.
 
     Returns:
-        What now applies, in words, for the log (``"batch"``, ``"normal"``, or why not).
+        What now applies (``str()`` of it for a log line).
     """
     if policy not in CPU_POLICIES:
         raise ValueError(f"cpu scheduling must be one of {CPU_POLICIES}, not {policy!r}")
     policies = _os_policies()
     if policy not in policies:
-        return f"{'normal' if policy == 'normal' else 'unchanged'} ({policy} needs Linux)"
+        return Applied(None, why_not=f"{'normal' if policy == 'normal' else 'unchanged'} "
+                                     f"({policy} needs Linux)")
     ours = set(policies.values())
     kept = 0
     for tid in _threads():
@@ -83,17 +110,5 @@ def apply_cpu_scheduling(policy: str) -> str:
         except OSError as exc:  # refused (a sandbox's seccomp, say): serve as we are
             log.warning("cannot set the CPU scheduling policy to %s (%s); serving under the "
                         "current one", policy, exc)
-            return f"unchanged ({exc.strerror or exc})"
-    return policy + (f" ({kept} thread(s) under the operator's own policy kept it)"
-                     if kept else "")
-
-
-def explain(applied: str) -> str:
-    """``apply_cpu_scheduling``'s words with what the policy means: ``batch = SCHED_BATCH for
-    every thread (...)``; words that name no policy set (``unchanged (...)``, ``normal (normal
-    needs Linux)``) as they are."""
-    policy, _, rest = applied.partition(" ")
-    meaning = MEANINGS.get(policy)
-    if meaning is None or "needs Linux" in rest:
-        return applied
-    return f"{policy} = {meaning}" + (f" {rest}" if rest else "")
+            return Applied(None, why_not=f"unchanged ({exc.strerror or exc})")
+    return Applied(policy, kept)
