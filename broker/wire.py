@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -57,21 +56,6 @@ def require_qa(info: ModelInfo) -> None:
     if info.task != QATask.name:
         raise RuntimeError(f"--broker serves qa models only; this one's task is {info.task!r} "
                            "(serve it without --broker)")
-
-
-def require_one(model_dir: str, names: list[str]) -> None:
-    """A front end or worker serves one model, whose name it need not carry (until a later
-    change routes a repository's models through Redis).
-
-    Raises:
-        ValueError: ``names``, the models ``model_dir`` holds, are several; it names the folder
-            to give instead (its qa model's, where it has one).
-    """
-    if len(names) > 1:
-        pick = "qa" if "qa" in names else names[0]
-        raise ValueError(f"--broker serves one qa model; --model_dir holds {len(names)} "
-                         f"({', '.join(names)}): name one, e.g. --model_dir "
-                         f"{Path(model_dir) / pick}")
 
 
 def encode_work(reply_to: str, number: int, rows: TokenRows, pad_id: int, padded_length: int,

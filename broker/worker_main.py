@@ -7,7 +7,7 @@ import logging
 import threading
 from dataclasses import replace
 
-from broker.wire import require_one
+from broker.urls import require_one
 from broker.worker import HEARTBEAT_S, RedisWorker
 from engines.model_dir import find_models, load_model_info
 from scheduling.waits import StartCancelled

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from broker.wire import require_one
+from broker.urls import require_one
 from engines.base import Engine
 from engines.model_dir import ModelInfo, find_models, load_model_info
 from engines.zero_engine import ZERO_ENGINE_WARNING

@@ -228,7 +228,7 @@ class ServerConfig:
     def _broker_problems(self) -> list[str]:
         if self.broker is None:
             return ["--role worker needs --broker"] if self.role == "worker" else []
-        if self.workers > 1:  # the URL itself: broker/connect.py's check, through the registry
+        if self.workers > 1:  # the URL itself: broker/urls.py's check, through the registry
             return ["--workers applies without --broker; with one, start more --role worker "
                     "processes instead"]
         return []
