@@ -10,6 +10,8 @@ version) gets one section from the top-level figures.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -29,10 +31,12 @@ def show_stats(client: Client, timeout: float, as_json: bool = False) -> int:
         ServerError, ConnectionLost, TimeoutError: as ``Client.stats`` raises them.
     """
     stats = client.stats(timeout=timeout)
-    if as_json:
-        print(json.dumps(stats, indent=2, default=str))
-    else:
-        print(format_stats(stats, client.endpoint))
+    text = json.dumps(stats, indent=2, default=str) if as_json else \
+        format_stats(stats, client.endpoint)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # read by `head` or the like, which stopped reading: that is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
     return 0
 
 

@@ -185,10 +185,10 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 
 def _info(snap: dict[str, Any]) -> GaugeMetricFamily:
-    """What is served: the one model's name, or a repository's served names joined by commas;
+    """What is served: the one model's name, or a repository's served names joined by ", ";
     the engine settings every model of one server shares (from the first that reports them)."""
     entries = snap.get("models", {})
-    name = snap["model"]["name"] if "model" in snap else ",".join(sorted(entries))
+    name = snap["model"]["name"] if "model" in snap else ", ".join(sorted(entries))
     engine = snap.get("engine") or next((e["engine"] for e in entries.values() if "engine" in e),
                                         {})
     labels = {"model": name, "engine": engine.get("type", ""),

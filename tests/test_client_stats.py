@@ -158,3 +158,18 @@ def test_stats_of_an_unreachable_server_exits_2() -> None:
     probe.close()  # nothing listens there now
     done = client_cli("--port", str(free_port), "--stats")
     assert done.returncode == 2 and "cannot connect" in done.stderr
+
+
+def test_stats_read_by_a_reader_that_stops_early_end_quietly(server: InferenceServer) -> None:
+    # `client.py --stats --json | head -1`: the pipe closes under the print
+    reader = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"],
+                              stdin=subprocess.PIPE)
+    assert reader.stdin is not None
+    try:
+        done = subprocess.run([sys.executable, "client.py", *at(server), "--stats", "--json"],
+                              cwd=ROOT, stdout=reader.stdin, stderr=subprocess.PIPE, text=True,
+                              timeout=60)
+    finally:
+        reader.stdin.close()
+        reader.wait(timeout=30)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr

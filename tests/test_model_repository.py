@@ -127,7 +127,7 @@ def test_a_repositorys_stats_describe_each_model_apart_never_lumped(
         text = response.read().decode()
     [info] = [s for family in text_string_to_metric_families(text) for s in family.samples
               if s.name == "qa_server_info"]
-    assert info.labels["model"] == "alpha,beta" and info.labels["engine"] == "onnx"
+    assert info.labels["model"] == "alpha, beta" and info.labels["engine"] == "onnx"
 
 
 def test_models_left_out_of_a_repository_are_named_in_the_log(
