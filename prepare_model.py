@@ -313,9 +313,9 @@ def main(argv: list[str] | None = None) -> int:
 def prepare(args: argparse.Namespace, task: str, source: Source,
             out: Path) -> tuple[str | None, int]:
     """Export one loaded model into ``out``; its warning (None when meaningful) and status."""
+    from engines.model_dir import METADATA_FILE, NOT_MEANINGFUL_WARNING, RANDOM_MODEL_WARNING
     from preparation.export import export_model_dir
     from preparation.fp16 import FP16_FILE
-    from engines.model_dir import METADATA_FILE, NOT_MEANINGFUL_WARNING, RANDOM_MODEL_WARNING
 
     (out / METADATA_FILE).unlink(missing_ok=True)  # the folder is incomplete until we finish
     (out / FP16_FILE).unlink(missing_ok=True)  # an earlier model's

@@ -1,7 +1,7 @@
 """Load a running server and report latency and throughput over every request (the load itself:
 bench/runs.py).
 
-    python stress_test.py --num_simultaneous_clients 5 --num_total_clients 100
+    python stress_test.py --num_simultaneous_clients 5 --num_total_clients 100  # 1,000 requests
     python stress_test.py --sweep 1,5,20,50 --json runs.json --plot runs.png   # about a minute
     python stress_test.py --rate 50 --duration 30            # open loop: Poisson arrivals
     python stress_test.py --task embed --texts_per_request 8   # embed requests of 8 texts

@@ -1,7 +1,7 @@
 """Figures for the load generator: the server's breakdown over a run, percentiles, summaries.
 
-Pure functions over plain data (no sockets, no processes), shared by bench/loadrun.py,
-bench/runs.py and stress_test.py.
+Pure functions over plain data (no sockets, no processes), shared by bench/loadrun.py and
+bench/runs.py.
 """
 
 from __future__ import annotations

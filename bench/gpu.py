@@ -34,8 +34,9 @@ from bench.gpu_report import plot, targets_table  # noqa: E402
 from bench.mix import load_pairs  # noqa: E402
 from bench.pipeload import run_pipelined  # noqa: E402
 from bench.runs import run_closed_loop  # noqa: E402
-from bench.servers import start_server, stop_servers  # noqa: E402
+from bench.servers import qa_model_dir, start_server, stop_servers  # noqa: E402
 from clients.blocking import Client  # noqa: E402
+from engines.model_dir import ModelDirError  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
 
 
@@ -206,6 +207,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", default="bench/results/gpu.json", help="where to write figures")
     p.add_argument("--plot", default="bench/results/gpu.png", help="where to draw them")
     args = p.parse_args(argv)
+    try:
+        args.model_dir = qa_model_dir(args.model_dir)  # a repository's qa model, or the folder
+    except (ModelDirError, ValueError) as exc:
+        p.error(str(exc))
     dry = args.device == "cpu"
     args.seconds = args.seconds if args.seconds is not None else (1.0 if dry else 8.0)
     args.raw_pairs = args.raw_pairs if args.raw_pairs is not None else (8 if dry else 256)

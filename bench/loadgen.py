@@ -1,4 +1,5 @@
-"""Load-generating worker processes for ``stress_test.py`` (the parent side: bench/loadrun.py).
+"""Load-generating worker processes for bench/runs.py (and so stress_test.py; the parent side:
+bench/loadrun.py).
 
 The parent starts P worker processes (spawn context). Each holds several client connections
 (``client.Client``) and drives them from reply callbacks, so a request costs one reader-thread

