@@ -86,9 +86,10 @@ def worker_summary(workers: list[Stats]) -> str:
     for worker in workers:
         restarts = worker.get("restarts", 0)
         again = f", {restarts} restarts" if restarts else ""
-        seen.setdefault(worker.get("worker"), f"#{worker.get('worker')} pid {worker.get('pid')} "
-                                              f"{worker.get('device')} {worker.get('state')}"
-                                              f"{again}")
+        name = worker.get("worker")  # a number (--workers N), or a broker worker's name
+        label = f"#{name}" if isinstance(name, int) else str(name)
+        seen.setdefault(name, f"{label} pid {worker.get('pid')} {worker.get('device')} "
+                              f"{worker.get('state')}{again}")
     return "; ".join(seen.values())
 
 
