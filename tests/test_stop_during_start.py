@@ -93,11 +93,16 @@ def test_a_signal_while_the_sessions_load_stops_the_start_up_and_exits_zero(
     assert "stopped during start-up, before serving" in log
 
 
-def test_ctrl_c_while_worker_processes_load_stops_them_all_at_once(tiny_model_dir: Path) -> None:
-    proc = spawn_server("--model_dir", str(tiny_model_dir), "--workers", "2", *SLOW_START)
+def two_workers_loading(model_dir: Path) -> tuple[subprocess.Popen[str], list[str], list[int]]:
+    """A server whose 2 worker processes are loading: (process, its log so far, worker pids)."""
+    proc = spawn_server("--model_dir", str(model_dir), "--workers", "2", *SLOW_START)
     lines: list[str] = []
     read_log_until(proc, lines, "accepting once loaded")
-    workers = wait_for_workers(proc, 2)
+    return proc, lines, wait_for_workers(proc, 2)
+
+
+def test_ctrl_c_while_worker_processes_load_stops_them_all_at_once(tiny_model_dir: Path) -> None:
+    proc, lines, workers = two_workers_loading(tiny_model_dir)
     proc.send_signal(signal.SIGINT)
     status, log = finish(proc, lines)
     assert status == 0, log
@@ -108,10 +113,7 @@ def test_ctrl_c_while_worker_processes_load_stops_them_all_at_once(tiny_model_di
 
 def test_a_second_ctrl_c_during_start_up_leaves_no_worker_and_no_traceback(
         tiny_model_dir: Path) -> None:
-    proc = spawn_server("--model_dir", str(tiny_model_dir), "--workers", "2", *SLOW_START)
-    lines: list[str] = []
-    read_log_until(proc, lines, "accepting once loaded")
-    workers = wait_for_workers(proc, 2)
+    proc, lines, workers = two_workers_loading(tiny_model_dir)
     proc.send_signal(signal.SIGINT)
     read_log_until(proc, lines, r"stopping \(again to force\)")
     proc.send_signal(signal.SIGINT)
@@ -127,10 +129,7 @@ def test_workers_loading_when_the_front_end_dies_exit_at_once_without_a_tracebac
         tiny_model_dir: Path) -> None:
     # What a second Ctrl+C did to them: the front end gone (os._exit), they went on loading
     # for seconds, then each printed a BrokenPipeError traceback sending "ready".
-    proc = spawn_server("--model_dir", str(tiny_model_dir), "--workers", "2", *SLOW_START)
-    lines: list[str] = []
-    read_log_until(proc, lines, "accepting once loaded")
-    workers = wait_for_workers(proc, 2)
+    proc, lines, workers = two_workers_loading(tiny_model_dir)
     proc.kill()
     status, log = finish(proc, lines)  # the log ends once the workers closed it too
     assert status == -signal.SIGKILL
