@@ -93,7 +93,7 @@ def test_a_signal_while_the_sessions_load_stops_the_start_up_and_exits_zero(
     assert "stopped during start-up, before serving" in log
 
 
-def two_workers_loading(model_dir: Path) -> tuple[subprocess.Popen[str], list[str], list[int]]:
+def two_workers_loading(model_dir: Path) -> tuple[subprocess.Popen[str], list[str], set[int]]:
     """A server whose 2 worker processes are loading: (process, its log so far, worker pids)."""
     proc = spawn_server("--model_dir", str(model_dir), "--workers", "2", *SLOW_START)
     lines: list[str] = []
