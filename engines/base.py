@@ -27,6 +27,16 @@ class Engine(ABC):
     ``name`` (e.g. ``"onnx"``), ``device`` (e.g. ``"cpu"``, ``"cuda:0"``), ``input_names``,
     ``output_names`` (the model's, as serving.json names them; QA's by default) and ``precision``
     when it runs other than fp32.
+
+    Two optional figures tell batching what the engine knows of its device (docs/batching.md):
+
+    - ``device_bound``: True where a device apart from the host (a GPU) runs each batch, so that
+      a bigger batch costs little more than a small one and the host's time (waits for the GIL
+      among it) says little of the batch's cost: sessions then fill each batch up to the caps
+      (the token budget) whenever requests wait, whatever the cost model says.
+    - ``device_s``: seconds the device spent on the last ``run``, where the engine measures it
+      (PyTorch on CUDA: CUDA events), set by every run; None: the session times runs by the
+      wall clock. The cost model learns from it, so host waits do not make batching look dear.
     """
 
     name: str = "engine"
@@ -34,6 +44,8 @@ class Engine(ABC):
     precision: str = "fp32"
     input_names: tuple[str, ...] = ()
     output_names: tuple[str, ...] = QA_OUTPUT_NAMES
+    device_bound: bool = False
+    device_s: float | None = None
 
     @abstractmethod
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

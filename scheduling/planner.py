@@ -7,6 +7,8 @@
   running it on its own, and keeps a batch only if it is at least MIN_GAIN cheaper than running
   its requests one by one (so on hardware where batching does not pay it serves batch 1);
   ``fixed`` fills up to the caps; ``off`` takes one request;
+* ``fill`` (a device-bound engine, a GPU: engines/base.py): ``auto`` fills up to the caps as
+  ``fixed`` does, whatever the cost model says;
 * the queue delay (from the oldest request's arrival) is spent only when waiting can help: a
   bigger batch would be cheaper per request, other sessions are busy (real load), and requests
   are arriving fast enough that one is expected before the delay runs out.
@@ -49,6 +51,7 @@ class BatchPolicy:
     max_delay_s: float = 0.0
     lookahead: int = 128
     cost: CostModel | None = None
+    fill: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in BATCHING_MODES:
@@ -61,16 +64,21 @@ class BatchPolicy:
         """Most requests per batch under this policy."""
         return 1 if self.mode == "off" else self.max_items
 
+    @property
+    def judged(self) -> bool:
+        """Whether the cost model decides how far batches grow (``auto`` without ``fill``)."""
+        return self.mode == "auto" and not self.fill
+
 
 def plan_batch(waiting: Sequence[Waiting], policy: BatchPolicy) -> list:
     """The batch to run now out of ``waiting`` (oldest first, not empty), under ``policy``."""
     oldest = waiting[0]
-    if policy.cap == 1 or (policy.mode == "auto" and policy.cost is None):
+    if policy.cap == 1 or (policy.judged and policy.cost is None):
         return [oldest]  # nothing may join it (auto with no cost data batches nothing)
     chosen, rows, length = [oldest], oldest.rows, oldest.length
     others = list(itertools.islice(waiting, 1, policy.lookahead))
     others.sort(key=lambda item: abs(item.length - oldest.length))  # stable: FIFO among equals
-    estimate = _Estimates(policy.cost) if policy.mode == "auto" else None
+    estimate = _Estimates(policy.cost) if policy.judged else None
     # Whether a request may join depends only on its shape and the batch so far: a shape
     # refused stays refused until the batch grows, so a long queue is judged once per shape.
     refused: set[tuple[int, int]] = set()
@@ -137,7 +145,7 @@ def wait_for_more(policy: BatchPolicy, chosen: Sequence[Waiting], waiting: int, 
     left = chosen[0].enqueued_at + policy.max_delay_s - now
     if left <= 0 or arrival_rate * left < 1.0:
         return 0.0
-    if policy.mode == "auto":
+    if policy.judged:
         rows, length = sum(i.rows for i in chosen), max(i.length for i in chosen)
         like_oldest = (chosen[0].rows, chosen[0].length)
         if not cheaper_together(policy.cost, (rows, length), [like_oldest], MIN_GAIN):

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -36,7 +37,8 @@ class InferenceSession(threading.Thread):
 
     The engine is created inside the thread (``engine_factory``), so loading N sessions runs in
     parallel and each engine is only ever touched by its own thread. The engine then runs each
-    warm-up shape once (timed into the policy's cost model) and ``ready`` is set; ``load_error``
+    warm-up shape (timed into the policy's cost model: the engine's device time where it reports
+    one, else the wall time) and ``ready`` is set; ``load_error``
     holds the exception if loading or warming up failed.
 
     Args:
@@ -44,7 +46,9 @@ class InferenceSession(threading.Thread):
         engine_factory: Builds this session's engine.
         task: Turns features into engine inputs and engine outputs into answers.
         queue: The shared work queue.
-        policy: How batches are formed; an int means "up to that many, in arrival order".
+        policy: How batches are formed; an int means "up to that many, in arrival order". With
+            a device-bound engine (a GPU, ``Engine.device_bound``) the session serves it with
+            ``fill`` set: batches fill up to the caps whenever requests wait.
         stats: Where batch sizes, queue waits and engine times are recorded.
         warmup: Padded lengths to warm up and time before reporting ready (see ``warm_up``).
         prime: Batch shapes (rows, padded length) to run once each, untimed, before reporting
@@ -92,6 +96,8 @@ class InferenceSession(threading.Thread):
         """Load the engine, then serve batches until the queue is closed and drained."""
         try:
             self.engine = self.engine_factory()
+            if self.engine.device_bound and not self.policy.fill:
+                self.policy = replace(self.policy, fill=True)  # a GPU: batches fill the caps
             self.warm_up(self.engine)
         except BaseException as exc:  # noqa: BLE001 - reported to the server
             self.load_error = exc
@@ -163,7 +169,7 @@ class InferenceSession(threading.Thread):
         for _ in range(2):  # the faster of two: noise (and a first run's allocations) only add
             started = time.monotonic()
             engine.run(feeds)
-            seconds = min(seconds, time.monotonic() - started)
+            seconds = min(seconds, batch_cost(engine, time.monotonic() - started))
         if self.policy.cost is not None:
             self.policy.cost.observe(rows, length, seconds, warmup=True)
         return seconds
@@ -198,7 +204,7 @@ class InferenceSession(threading.Thread):
         self.batches_run += 1
         rows, length = next(iter(feeds.values())).shape
         if self.policy.cost is not None:
-            self.policy.cost.observe(rows, length, engine_s)
+            self.policy.cost.observe(rows, length, batch_cost(self.engine, engine_s))
         self.stats.on_batch(len(live), rows, [taken - i.enqueued_at for i in live], engine_s)
         with coalesced_sends():  # one write per connection for the batch's replies
             for item, outputs in zip(live, per_request):
@@ -206,6 +212,13 @@ class InferenceSession(threading.Thread):
 
     def _answer(self, item: WorkItem, outputs: tuple[Any, ...]) -> None:
         item.answer(*answer_of(self.task, item.features, outputs, self.name))
+
+
+def batch_cost(engine: Engine, wall_s: float) -> float:
+    """What a batch cost, for the cost model: the device time the engine measured for its last
+    run where it has one (the wall time also counts the host's waits, for the GIL say, which
+    would make big batches look dear), else ``wall_s``."""
+    return wall_s if engine.device_s is None else engine.device_s
 
 
 def _close_quietly(engine: Engine | None) -> None:

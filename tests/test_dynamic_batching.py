@@ -45,6 +45,22 @@ class TimedEngine(Engine):
         return {"start_logits": logits, "end_logits": logits.copy()}
 
 
+class HostWaitingEngine(TimedEngine):
+    """A GPU beside busy host threads: the device spends ``device(rows, length)`` seconds on a
+    batch, which it reports (``device_s``), but each run's wall time also holds host waits that
+    grow faster than the batch (``waits``: the GIL taken back between launches)."""
+
+    def __init__(self, device: Callable[[int, int], float],
+                 waits: Callable[[int, int], float]) -> None:
+        super().__init__(lambda rows, length: device(rows, length) + waits(rows, length))
+        self.device_cost = device
+
+    def run(self, feeds: Any) -> dict[str, np.ndarray]:
+        outputs = super().run(feeds)
+        self.device_s = self.device_cost(*feeds["input_ids"].shape)
+        return outputs
+
+
 def item(length: int, rows: int = 1, tag: Any = None) -> WorkItem:
     return WorkItem(features=tag if tag is not None else length, respond=lambda r, e: None,
                     rows=rows, length=length)
@@ -198,6 +214,28 @@ def test_warm_up_times_shapes_before_ready_and_stops_where_batching_stops_paying
         assert server.ready
     assert warmed, "no warm-up before ready"
     assert max(rows for rows, _ in warmed) == 2  # per-row cost rose at 2 rows: stop there
+
+
+def test_batches_grow_with_load_when_host_waits_inflate_the_wall_time_but_not_the_device_time(
+        tiny_model_dir: Path) -> None:
+    engine = HostWaitingEngine(lambda rows, length: 0.02 + 0.0002 * rows,  # GPU-like
+                               lambda rows, length: 0.004 * rows * (1 + 0.3 * (rows - 1)))
+    with serve(tiny_model_dir, engine, batching="auto", max_batch_size=8) as server:
+        sizes = burst_batch_sizes(server, engine, 20)
+        table = server.stats_result()["batching"]["cost_model_ms"]
+    assert sum(sizes) == 20 and max(sizes) == 8  # the cost model learnt the device's costs
+    assert table["8x64"] < 2 * table["1x64"]
+
+
+def test_a_device_bound_engine_fills_batches_to_the_token_budget(tiny_model_dir: Path) -> None:
+    engine = TimedEngine(lambda rows, length: 0.004 * rows * (1 + 0.3 * (rows - 1)))  # CPU-like
+    engine.device_bound = True  # but the engine says a device runs its batches
+    with serve(tiny_model_dir, engine, batching="auto", max_batch_size=16,
+               max_batch_tokens=256, length_buckets="64") as server:
+        sizes = burst_batch_sizes(server, engine, 12)
+        described = server.stats_result()["engine"]
+    assert sizes == [4, 4, 4]  # 4 x 64 tokens: the budget, whatever the costs measured
+    assert described["device_bound"] is True
 
 
 def test_fixed_batches_up_to_the_cap_and_off_never_batches(tiny_model_dir: Path,

@@ -64,6 +64,23 @@ def test_waiting_for_more_only_under_load_and_before_the_delay_runs_out() -> Non
     assert wait_for_more(policy, chosen, 1, busy=1, arrival_rate=1000.0, now=100.011) == 0.0
 
 
+def test_a_device_bound_engine_fills_batches_to_the_token_budget_whatever_the_costs() -> None:
+    waiting = [Waiting(1, 64, enqueued_at=100.0) for _ in range(8)]
+    dear = linear_cost(0.0, 0.01)  # every cost scales with tokens: batching looks worthless
+    judged = BatchPolicy(mode="auto", max_items=8, max_tokens=320, cost=dear)
+    filled = BatchPolicy(mode="auto", max_items=8, max_tokens=320, cost=dear, fill=True)
+    assert len(plan_batch(waiting, judged)) == 1
+    assert plan_batch(waiting, filled) == waiting[:5]  # 5 x 64 tokens: the budget
+    assert len(plan_batch(waiting, BatchPolicy(mode="auto", fill=True))) == 8  # no cost data
+    assert len(plan_batch(waiting, BatchPolicy(mode="off", fill=True))) == 1
+    # and it waits for more as fixed does, not only where the cost model says it pays
+    delayed = BatchPolicy(mode="auto", max_items=4, max_delay_s=0.010, cost=dear, fill=True)
+    assert wait_for_more(delayed, waiting[:1], 1, busy=1, arrival_rate=1000.0,
+                         now=100.002) > 0.007
+    assert wait_for_more(BatchPolicy(mode="auto", max_items=4, max_delay_s=0.010, cost=dear),
+                         waiting[:1], 1, busy=1, arrival_rate=1000.0, now=100.002) == 0.0
+
+
 def one_by_one_plan(waiting: list[Waiting], policy: BatchPolicy) -> list[Waiting]:
     """The planner's rule, asked of the cost model request by request (no shortcuts)."""
     oldest = waiting[0]

@@ -55,13 +55,15 @@ def prime_shapes(buckets: tuple[int, ...], max_batch_tokens: int) -> list[tuple[
 
 def describe_serving(policy: BatchPolicy, engine: Engine | None) -> dict[str, Any]:
     """The batching figures and (once loaded) the engine of a set of sessions, for stats:
-    ``max_batch_size``, ``cost_model_ms`` and ``engine`` (type, device, precision, words, and
-    whether the process's encodes release the GIL)."""
+    ``max_batch_size``, ``cost_model_ms`` and ``engine`` (type, device, precision, words,
+    whether batches fill up to the caps on it (``device_bound``), and whether the process's
+    encodes release the GIL)."""
     out: dict[str, Any] = {"cost_model_ms": policy.cost.table() if policy.cost else {},
                            "max_batch_size": policy.cap}
     if engine is not None:
         out["engine"] = {"type": engine.name, "device": engine.device,
                          "precision": engine.precision, "description": engine.describe(),
+                         "device_bound": engine.device_bound,
                          "encodes_release_gil": releases_gil()}
     return out
 
