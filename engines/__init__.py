@@ -4,7 +4,7 @@ them lives in tasks/; how a model folder is made, in preparation/."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from engines.base import Engine
@@ -13,9 +13,13 @@ from engines.base import Engine
 ENGINE_TYPES = ("onnx", "pytorch", "zero")
 #: Arithmetic an engine may be asked for; where it cannot honour one it says so and runs fp32.
 PRECISIONS = ("fp32", "fp16", "bf16")
-#: How a PyTorch engine runs its model: one traced graph, which holds no GIL between operators
-#: (engines/torch_graph.py), or eager, operator by operator.
-TORCH_GRAPHS = ("traced", "eager")
+#: How a PyTorch engine can run its model: the traced graph captured as CUDA graphs, one per
+#: batch shape (engines/torch_cuda_graphs.py; CUDA only, else it runs the traced graph); one
+#: traced graph, which holds no GIL between operators (engines/torch_graph.py); or eager,
+#: operator by operator.
+TORCH_GRAPHS = ("cudagraphs", "traced", "eager")
+#: The default graph setting: "cudagraphs" on CUDA, "traced" elsewhere.
+TORCH_GRAPH_AUTO = "auto"
 #: Engines whose run lets go of the GIL and takes it back more than once (PyTorch: after every
 #: operator when eager, two or three times per run when traced), not once for the whole run
 #: (ONNX Runtime). Beside a thread that holds the GIL, each take-back waits up to the switch
@@ -23,18 +27,21 @@ TORCH_GRAPHS = ("traced", "eager")
 GIL_RETAKING = frozenset({"pytorch"})
 #: The server settings whose values these are (settings/choices.py).
 SETTING_CHOICES = {"inference_engine_type": ENGINE_TYPES, "precision": PRECISIONS,
-                   "pytorch_graph": TORCH_GRAPHS}
+                   "pytorch_graph": (TORCH_GRAPH_AUTO, *TORCH_GRAPHS)}
 
 
 def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threads: int = 0,
                 lone_threads: int = 0, crowded: Callable[[], bool] | None = None,
-                precision: str = "fp32", graph: str = "traced") -> Engine:
+                precision: str = "fp32", graph: str = TORCH_GRAPH_AUTO,
+                lengths: Sequence[int] = (), max_seq_len: int = 0,
+                max_tokens: int = 0) -> Engine:
     """Load one engine of ``kind`` (one of ENGINE_TYPES) from a prepared model folder.
 
     ``lone_threads`` and ``crowded`` (ONNX on the CPU): threads for a batch that has the machine
     to itself, and how to tell (see OnnxEngine). ``precision``: one of PRECISIONS (the engine
-    logs why, where it falls back to fp32). ``graph`` (PyTorch): "traced" or "eager" (see
-    TorchEngine).
+    logs why, where it falls back to fp32). ``graph`` (PyTorch): "auto" or one of TORCH_GRAPHS;
+    ``lengths``, ``max_seq_len`` and ``max_tokens`` (PyTorch CUDA graphs): the server's length
+    buckets, longest length and token budget, which set the shapes captured (see TorchEngine).
 
     The backend is imported only here, so a server using ONNX never imports torch's CUDA stack.
     """
@@ -47,7 +54,8 @@ def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threa
         from engines.torch_engine import TorchEngine
 
         return TorchEngine(model_dir, device=device, threads=threads, precision=precision,
-                           graph=graph)
+                           graph=graph, lengths=lengths, max_seq_len=max_seq_len,
+                           max_tokens=max_tokens)
     if kind == "zero":
         from engines.zero_engine import ZeroEngine
 

@@ -71,10 +71,14 @@ class ServerConfig:
                             "(prepare_model.py --fp16) or float16 PyTorch on CUDA; bf16 runs "
                             "bfloat16 PyTorch; where it cannot, the server says so and runs fp32",
                             choices=OWNED)
-    pytorch_graph: str = option("traced", "pytorch engine: traced runs the model as one "
+    pytorch_graph: str = option("auto", "pytorch engine: traced runs the model as one "
                                 "TorchScript graph, which holds no GIL between operators "
-                                "(checked against eager at load; eager where that fails); eager "
-                                "runs it operator by operator", choices=OWNED)
+                                "(checked against eager at load; eager where that fails); "
+                                "cudagraphs captures that graph as one CUDA graph per batch "
+                                "shape (rows 1-64 x --length_buckets, else 64,128,256,384; "
+                                "traced where it cannot, or for a larger batch); eager runs it "
+                                "operator by operator; auto: cudagraphs on CUDA, else traced",
+                                choices=OWNED)
     cpu_scheduling: str = option("batch", "Linux CPU scheduling policy of server.py and its "
                                  "worker processes: batch (SCHED_BATCH) lets a thread that "
                                  "wakes wait for a busy core's time slice instead of "

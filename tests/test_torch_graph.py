@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from client import Client
-from engines import load_engine
+from engines import TORCH_GRAPHS, load_engine
 from engines.torch_graph import CHECK_SHAPES, TRACE_SHAPE, sample_inputs, trace_checked
 from server import InferenceServer, ServerConfig
 
@@ -118,11 +118,14 @@ def test_the_server_runs_the_graph_it_is_told_to(tiny_model_dir: Path) -> None:
     assert "eager graph" in description
 
 
-def test_the_convoy_benchmark_measures_both_graphs(tiny_model_dir: Path) -> None:
+def test_the_convoy_benchmark_measures_every_graph(tiny_model_dir: Path) -> None:
     out = subprocess.run([sys.executable, "bench/gil_convoy.py", "--model_dir",
                           str(tiny_model_dir), "--runs", "2", "--length", "8"], cwd=ROOT,
                          capture_output=True, text=True, timeout=300, check=True).stdout
     rows = [line.split() for line in out.splitlines() if line.startswith(("traced ", "eager "))]
-    assert [row[0] for row in rows] == ["traced"] * 3 + ["eager"] * 3
+    # each of TORCH_GRAPHS in turn, named by the graph that runs: on the CPU, cudagraphs runs
+    # the traced graph
+    assert TORCH_GRAPHS == ("cudagraphs", "traced", "eager")
+    assert [row[0] for row in rows] == ["traced"] * 6 + ["eager"] * 3
     assert all(float(row[-2]) > 0 and float(row[-1]) > 0 for row in rows)
     assert "rows 1, length 8, runs 2" in out
