@@ -1,19 +1,10 @@
 """CUDA graphs for the PyTorch engine: the traced graph captured once per batch shape.
 
 A traced forward still launches a few hundred kernels per run from the host; a CUDA graph
-replays them all with one launch. A graph records one shape, so the engine captures one per
-(rows, length) of ``ROW_COUNTS`` x its lengths (the server's ``--length_buckets``, or
-``DEFAULT_LENGTHS``), within the token budget, each with its own static input and output
-buffers, all drawing on one memory pool (module docstring's last paragraph).
-
-A batch runs on the smallest captured shape that holds it:
-
-- **lengths** padded to the shape's with masked tokens (ids, mask and types 0): attention gives
-  them no weight, so the real tokens' outputs do not change; per-token outputs (QA logits) are
-  cut back to the batch's length;
-- **rows** padded with copies of the batch's last row: real inputs, so no row is all padding
-  (a fully masked row can give NaN in some attention kernels); their outputs are dropped;
-- a batch no captured shape holds (more rows, or longer) runs the traced graph.
+replays them all with one launch. The shapes captured, the one a batch runs on and its padding
+are engines/shapes.py's (shared with the ONNX engine); each shape here has its own static input
+and output buffers, all drawing on one memory pool (this docstring's last paragraph). A batch
+no captured shape holds (more rows, or longer) runs the traced graph.
 
 The capture and replay of one shape is a small seam, ``Capture`` -> ``Replay``: on CUDA,
 ``CudaGraphCapture`` records a ``torch.cuda.CUDAGraph``; on the CPU, ``TracedReplay`` runs the
@@ -36,12 +27,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from engines.shapes import pad_into, pick_shape
 from engines.torch_graph import TOLERANCE, Forward, run_graph, sample_inputs
 
-#: Row counts captured; a batch's rows are padded up to the next of them.
-ROW_COUNTS = (1, 2, 4, 8, 16, 32, 64)
-#: Lengths captured without ``--length_buckets`` (those under the longest served, then it).
-DEFAULT_LENGTHS = (64, 128, 256, 384)
 #: Runs of the traced graph on the capture stream before each capture (cuBLAS workspaces and
 #: the like are allocated outside the graph).
 WARMUP_RUNS = 2
@@ -49,33 +37,6 @@ WARMUP_RUNS = 2
 # One capture at a time in a process: sessions load their engines at once, and a capture must
 # not interleave with another's on the same device.
 _CAPTURE_LOCK = threading.Lock()
-
-
-def capture_lengths(buckets: Sequence[int], longest: int) -> tuple[int, ...]:
-    """The lengths to capture: ``buckets`` (else ``DEFAULT_LENGTHS``) under ``longest``, then
-    ``longest`` itself (the longest length served), ascending."""
-    return tuple(sorted({*(n for n in (buckets or DEFAULT_LENGTHS) if 0 < n < longest),
-                         longest}))
-
-
-def graph_shapes(lengths: Sequence[int], max_tokens: int,
-                 row_counts: Sequence[int] = ROW_COUNTS) -> list[tuple[int, int]]:
-    """Every (rows, length) to capture: each row count at each length, within ``max_tokens``
-    rows x length (0: no budget; one row always), largest first (see the module docstring)."""
-    shapes = [(rows, length) for length in lengths for rows in row_counts
-              if rows == 1 or not max_tokens or rows * length <= max_tokens]
-    return sorted(shapes, key=lambda shape: (shape[0] * shape[1], shape), reverse=True)
-
-
-def pick_shape(shapes: Sequence[tuple[int, int]], rows: int,
-               length: int) -> tuple[int, int] | None:
-    """The captured shape a batch of ``rows`` x ``length`` runs on: the shortest captured length
-    that holds it, with the fewest captured rows that hold it there; None when none does."""
-    fitting = [shape for shape in shapes if shape[0] >= rows and shape[1] >= length]
-    if not fitting:
-        return None
-    shortest = min(n for _, n in fitting)
-    return min((shape for shape in fitting if shape[1] == shortest), key=lambda s: s[0])
 
 
 class Replay(Protocol):
@@ -256,9 +217,7 @@ class ShapeGraphs:
         if shape is None:
             return None
         host, replay = self._host[shape], self.replays[shape]
-        host[:, :rows, :length] = stacked
-        host[:, :rows, length:] = 0  # masked tokens
-        host[:, rows:, :] = host[:, rows - 1:rows, :]  # padded rows: the last real row
+        pad_into(host, stacked)
         replay.static_input.copy_(torch.from_numpy(host), non_blocking=True)
         if clock is not None:
             clock.start()

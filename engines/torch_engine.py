@@ -16,15 +16,9 @@ import torch
 from engines import TORCH_GRAPH_AUTO, TORCH_GRAPHS
 from engines.base import TASK_OUTPUT_NAMES, Engine, check_outputs
 from engines.model_dir import ModelInfo, load_model_info
+from engines.shapes import capture_lengths, graph_shapes
 from engines.task_models import TaskOutputs, load_task_model
-from engines.torch_cuda_graphs import (
-    Capture,
-    CudaClock,
-    ShapeGraphs,
-    capture_checked,
-    capture_lengths,
-    graph_shapes,
-)
+from engines.torch_cuda_graphs import Capture, CudaClock, ShapeGraphs, capture_checked
 from engines.torch_graph import Forward, run_graph, trace_checked
 
 # transformers' from_pretrained is not safe to run in several threads at once (it builds the model

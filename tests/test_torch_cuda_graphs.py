@@ -17,14 +17,8 @@ import torch
 
 from client import Client
 from engines import SETTING_CHOICES, TORCH_GRAPHS, load_engine
-from engines.torch_cuda_graphs import (
-    CudaGraphCapture,
-    ShapeGraphs,
-    TracedReplay,
-    capture_lengths,
-    graph_shapes,
-    pick_shape,
-)
+from engines.shapes import capture_lengths, graph_shapes, pick_shape
+from engines.torch_cuda_graphs import CudaGraphCapture, ShapeGraphs, TracedReplay
 from engines.torch_engine import TorchEngine
 from engines.torch_graph import Forward, Stacked
 from server import InferenceServer, ServerConfig
