@@ -34,14 +34,15 @@ def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threa
                 lone_threads: int = 0, crowded: Callable[[], bool] | None = None,
                 precision: str = "fp32", graph: str = TORCH_GRAPH_AUTO,
                 lengths: Sequence[int] = (), max_seq_len: int = 0,
-                max_tokens: int = 0) -> Engine:
+                max_tokens: int = 0, onnx_cuda_graphs: bool = False) -> Engine:
     """Load one engine of ``kind`` (one of ENGINE_TYPES) from a prepared model folder.
 
     ``lone_threads`` and ``crowded`` (ONNX on the CPU): threads for a batch that has the machine
     to itself, and how to tell (see OnnxEngine). ``precision``: one of PRECISIONS (the engine
     logs why, where it falls back to fp32). ``graph`` (PyTorch): "auto" or one of TORCH_GRAPHS;
-    ``lengths``, ``max_seq_len`` and ``max_tokens`` (PyTorch CUDA graphs): the server's length
-    buckets, longest length and token budget, which set the shapes captured (see TorchEngine).
+    ``lengths``, ``max_seq_len`` and ``max_tokens`` (CUDA graphs): the server's length buckets,
+    longest length and token budget, which set the shapes captured (engines/shapes.py).
+    ``onnx_cuda_graphs``: the ONNX engine on CUDA replays CUDA graphs (see OnnxEngine).
 
     The backend is imported only here, so a server using ONNX never imports torch's CUDA stack.
     """
@@ -49,7 +50,9 @@ def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threa
         from engines.onnx_engine import OnnxEngine
 
         return OnnxEngine(model_dir, device=device, intra_op_threads=threads,
-                          lone_threads=lone_threads, crowded=crowded, precision=precision)
+                          lone_threads=lone_threads, crowded=crowded, precision=precision,
+                          cuda_graphs=onnx_cuda_graphs, lengths=lengths,
+                          max_seq_len=max_seq_len, max_tokens=max_tokens)
     if kind == "pytorch":
         from engines.torch_engine import TorchEngine
 

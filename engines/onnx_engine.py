@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +11,7 @@ import onnxruntime as ort
 
 from engines.base import Engine, check_outputs
 from engines.model_dir import ModelInfo, load_model_info
-from engines.onnx_binding import BoundRunner
+from engines.onnx_binding import BoundRunner, GraphRunner, graph_options
 from engines.onnx_providers import (
     CPU_PROVIDER,
     CUDA_PROVIDER,
@@ -23,6 +23,7 @@ from engines.onnx_providers import (
     provider_report,
     without_tensorrt,
 )
+from engines.shapes import capture_lengths, graph_shapes
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,11 @@ class OnnxEngine(Engine):
             without one, and for "bf16" (no such export), it says so and runs fp32.
         io_binding: Run batches through ``BoundRunner`` (device buffers kept per shape); None:
             where the session runs on CUDA.
+        cuda_graphs: On the CUDA provider, replay the model as CUDA graphs, one per batch shape
+            (``GraphRunner``; the shapes of engines/shapes.py at ``lengths`` under the longest
+            of ``max_seq_len`` and the model's, within ``max_tokens``); a batch no shape holds
+            runs as before. Where they cannot be captured it says why in one line and runs
+            without them. Off by default: not yet measured faster on a GPU (docs/gpu.md).
     """
 
     name = "onnx"
@@ -55,7 +61,8 @@ class OnnxEngine(Engine):
     def __init__(self, model_dir: str | Path, *, device: str = "auto", intra_op_threads: int = 0,
                  inter_op_threads: int = 1, lone_threads: int = 0,
                  crowded: Callable[[], bool] | None = None, precision: str = "fp32",
-                 io_binding: bool | None = None) -> None:
+                 io_binding: bool | None = None, cuda_graphs: bool = False,
+                 lengths: Sequence[int] = (), max_seq_len: int = 0, max_tokens: int = 0) -> None:
         path, asked = self._open(Path(model_dir), device, precision,
                                  _options(intra_op_threads, inter_op_threads))
         log.info("%s", provider_report(asked, self.session.get_providers(),
@@ -78,6 +85,43 @@ class OnnxEngine(Engine):
         if active == CUDA_PROVIDER if io_binding is None else io_binding:
             where = ("cuda", self._cuda_index()) if active == CUDA_PROVIDER else ("cpu", 0)
             self.binder = BoundRunner(self.session, self.output_names, *where)
+        #: On CUDA the GPU runs each batch apart from the host: fill batches (Engine).
+        self.device_bound = active == CUDA_PROVIDER
+        self.graphs: GraphRunner | None = None
+        if cuda_graphs:
+            info = load_model_info(model_dir)
+            longest = min(max_seq_len or info.max_seq_len, info.max_seq_len)
+            shapes = graph_shapes(capture_lengths(lengths, longest), max_tokens)
+            if why := self._open_graphs(path, shapes, intra_op_threads, inter_op_threads):
+                log.warning("ONNX engine runs without CUDA graphs: %s", why)
+
+    def _open_graphs(self, path: Path, shapes: list[tuple[int, int]], intra_op_threads: int,
+                     inter_op_threads: int) -> str:
+        """Reopen the session with CUDA graphs and capture ``shapes``; why not, in words, where
+        it cannot (the session is left as it was)."""
+        providers = self.session.get_providers()
+        if CUDA_PROVIDER not in providers:
+            return f"they need the CUDA provider (the engine runs on {self.device})"
+        if TENSORRT_PROVIDER in providers:
+            return "TensorRT runs the model, and builds engines of its own"
+        if "attention_mask" not in self.input_names:
+            return "the model takes no attention_mask, so padding would change its outputs"
+        index = self._cuda_index()
+        graphed = [(CUDA_PROVIDER, {"device_id": index, "enable_cuda_graph": "1"}),
+                   CPU_PROVIDER]
+        try:
+            session = ort.InferenceSession(str(path), _options(intra_op_threads,
+                                                               inter_op_threads),
+                                           providers=graphed)
+            runner = GraphRunner(session, shapes, "cuda", index)
+            runner.capture()
+        except Exception as exc:  # noqa: BLE001 - any failure leaves the plain session, said why
+            words = (str(exc).strip().splitlines() or [""])[0][:300]
+            return f"capture failed: {type(exc).__name__}: {words}"
+        self.session, self.graphs = session, runner
+        self.binder = BoundRunner(session, self.output_names, "cuda", index,
+                                  run_options=graph_options(-1))  # batches no graph holds
+        return ""
 
     def _open(self, folder: Path, device: str, precision: str,
               options: ort.SessionOptions) -> tuple[Path, list[Provider]]:
@@ -113,9 +157,12 @@ class OnnxEngine(Engine):
         if self.lone_session is not None and not self.crowded():
             session = self.lone_session
             self.lone_runs += 1
-        if self.binder is not None and session is self.session:
+        values = None
+        if self.graphs is not None and session is self.session:
+            values = self.graphs.run(inputs)  # None: no captured shape holds the batch
+        if values is None and self.binder is not None and session is self.session:
             values = self.binder.run(inputs)
-        else:
+        elif values is None:
             values = session.run(list(self.output_names), inputs)
         outputs = dict(zip(self.output_names, values))
         check_outputs(inputs, outputs)
@@ -126,6 +173,7 @@ class OnnxEngine(Engine):
         threads = self.threads or "auto"
         lone = f"; {self.lone_threads} for a lone batch" if self.lone_threads else ""
         lone += "; I/O binding" if self.binder is not None else ""
+        lone += f"; CUDA graphs for {len(self.graphs.shapes)} shapes" if self.graphs else ""
         return (f"onnxruntime {ort.__version__} on {self.device} ({self.precision}, intra-op "
                 f"threads: {threads}{lone})")
 

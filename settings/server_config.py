@@ -79,6 +79,11 @@ class ServerConfig:
                                 "traced where it cannot, or for a larger batch); eager runs it "
                                 "operator by operator; auto: cudagraphs on CUDA, else traced",
                                 choices=OWNED)
+    onnx_cuda_graphs: str = option("off", "onnx engine on CUDA: on replays the model as one "
+                                   "CUDA graph per batch shape, as --pytorch_graph cudagraphs "
+                                   "does (without them where they cannot be captured, said in "
+                                   "the log); off until measured faster on a GPU (docs/gpu.md)",
+                                   choices=("off", "on"))
     cpu_scheduling: str = option("batch", "Linux CPU scheduling policy of server.py and its "
                                  "worker processes: batch (SCHED_BATCH) lets a thread that "
                                  "wakes wait for a busy core's time slice instead of "

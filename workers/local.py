@@ -77,7 +77,8 @@ def default_engine_factory(config: ServerConfig, device: str,
                    threads=config.engine_threads(), lone_threads=config.lone_threads(),
                    crowded=queue.crowded, precision=config.precision,
                    graph=config.pytorch_graph, lengths=config.bucket_lengths(),
-                   max_seq_len=config.max_seq_len, max_tokens=config.max_batch_tokens)
+                   max_seq_len=config.max_seq_len, max_tokens=config.max_batch_tokens,
+                   onnx_cuda_graphs=config.onnx_cuda_graphs == "on")
 
 
 def model_label(config: ServerConfig) -> str:
