@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import sys
 import time
@@ -146,6 +147,7 @@ def model_shape(model_dir: str) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     """Measure one variant; exit 0 with the part written, also when the engine did not load."""
     args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from engines import load_engine
 
     variant = {"engine": args.engine, "device": args.device, "precision": args.precision,

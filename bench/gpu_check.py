@@ -129,9 +129,12 @@ def _grid_part(args: argparse.Namespace, model_dir: str, asked: dict[str, Any],
     try:
         done = subprocess.run(cmd, cwd=ROOT, timeout=max(5.0, deadline - time.time() + 60),
                               stderr=subprocess.PIPE, text=True)
+        said = done.stderr.strip().splitlines()
+        for line in said:  # the engine's own warnings: a fallback, and why
+            if line.startswith(("WARNING", "ERROR")):
+                print(f"  {line}", flush=True)
         if done.returncode != 0:
-            why = f"the grid process failed (exit {done.returncode}): " + \
-                (done.stderr.strip().splitlines() or [""])[-1][:300]
+            why = f"the grid process failed (exit {done.returncode}): {(said or [''])[-1][:300]}"
     except subprocess.TimeoutExpired:
         why = "the grid process was still running a minute past its deadline: stopped"
     part = json.loads(out.read_text()) if out.is_file() else \
@@ -185,7 +188,7 @@ def measure_servers(args: argparse.Namespace, model_dir: str,
             rows.append({**row, **measure_server(engine, model_dir, server_flags, pairs,
                                                  sampler, args, budget)})
         except Exception as exc:  # noqa: BLE001 - said in its row; the next server still runs
-            rows.append({**row, "failed": f"{type(exc).__name__}: {str(exc)[:500]}"})
+            rows.append({**row, "failed": f"{type(exc).__name__}: {exc}"})
             print(f"  {engine} {layout}: failed: {rows[-1]['failed']}", flush=True)
     return rows
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import time
 import traceback
@@ -113,12 +114,23 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def grid_table(curve: dict[str, Any]) -> str:
-    """One table of the cost curve: per variant and rows, each length's median wall ms and
-    host CPU ms per run; ``-`` where skipped (the reasons follow the table)."""
+def one_line(why: str, width: int = 300) -> str:
+    """A reason on one table line: its first line and, where it has more, its last (a
+    server's log line that says why it stopped), less the log line's time stamp."""
+    lines = [line.strip() for line in why.splitlines() if line.strip()] or [""]
+    last = re.sub(r"^\d{4}-\d\d-\d\d [\d:,]+ ", "", lines[-1])
+    text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {last}"
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def grid_table(curve: dict[str, Any], engines: list[dict[str, Any]]) -> str:
+    """One table of the cost curve: per variant (in the order ``engines`` ran) and rows, each
+    length's median wall ms and host CPU ms per run; ``-`` where skipped (the reasons follow
+    the table)."""
     lengths = curve["lengths"]
     cells = {(Variant.of(c), c["rows"], c["length"]): c for c in curve["cells"]}
-    variants = list(dict.fromkeys(Variant.of(c) for c in curve["cells"] + curve["skipped"]))
+    variants = list(dict.fromkeys(Variant.of(c) for c in
+                                  engines + curve["cells"] + curve["skipped"]))
     lines = ["| engine | device | precision | graph | rows | " +
              " | ".join(f"{n}: wall / CPU ms" for n in lengths) + " |",
              "|---|---|---|---|---:|" + "---:|" * len(lengths)]
@@ -129,7 +141,7 @@ def grid_table(curve: dict[str, Any]) -> str:
                          f"{variant.graph or '-'} | {rows} | " + " | ".join(
                              f"{c['wall_ms']['median']:.2f} / {c['host_cpu_ms']:.2f}" if c else "-"
                              for c in figures) + " |")
-    whys = sorted({f"{Variant.of(s).label()}: {s['why']}" for s in curve["skipped"]})
+    whys = sorted({f"{Variant.of(s).label()}: {one_line(s['why'])}" for s in curve["skipped"]})
     return "\n".join(lines + [f"skipped, {why}" for why in whys])
 
 
@@ -144,7 +156,7 @@ def server_table(check: dict[str, Any]) -> str:
     for row in check["servers"]:
         head = f"| {row['engine']} | {row.get('graph') or '-'} | {row['layout']} |"
         if "saturation" not in row:
-            lines.append(f"{head} {row.get('skipped') or row.get('failed')} |")
+            lines.append(f"{head} {one_line(row.get('skipped') or row.get('failed') or '')} |")
             continue
         sat = row["saturation"]
         nvml = [f"{sat[k]:.0f}" if k in sat else "-"
@@ -167,6 +179,6 @@ def print_report(check: dict[str, Any], curve: dict[str, Any]) -> None:
     for problem in check["cost_curve_problems"]:
         print(f"cost curve problem: {problem}")
     print("\n### The engine alone, per run (median wall ms / host CPU ms)\n")
-    print(grid_table(curve))
+    print(grid_table(curve, check["engines"]))
     print("\n### The server (p50: closed loop, 1 client; saturation: lean pipelined load)\n")
     print(server_table(check), flush=True)
