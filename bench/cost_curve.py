@@ -19,7 +19,8 @@ The file (``SCHEMA``, version ``VERSION``) is one JSON object:
 - ``cells``: one object per measured (variant, rows, length):
   ``engine`` (``onnx``, ``pytorch``), ``device`` (``cuda:0``, ``cpu``), ``precision`` (what
   really ran: ``fp16``, ``fp32``, ``bf16``), ``graph`` (PyTorch: the ``--pytorch_graph`` asked
-  for; ONNX: null), ``runs_as`` (the graph the engine really ran, where it fell back; null for
+  for; ONNX: ``cudagraphs`` with ``--onnx_cuda_graphs on``, else null), ``runs_as`` (the graph
+  the engine really ran, where it fell back; null for
   ONNX), ``rows``, ``length``, ``runs`` (timed runs, after untimed warm-up runs),
   ``wall_ms``: ``{"median", "p90"}`` of one run (inputs copied in, outputs copied back to host
   memory, as the server's engine call), and ``host_cpu_ms``: the process's CPU time over the
@@ -62,7 +63,7 @@ class CostCurveError(ValueError):
 
 @dataclass(frozen=True)
 class Variant:
-    """One engine as measured: ``graph`` is None for ONNX."""
+    """One engine as measured: ``graph`` is None for ONNX without CUDA graphs."""
 
     engine: str
     device: str

@@ -150,12 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from engines import load_engine
 
+    onnx_graphs = args.engine == "onnx" and args.graph == "cudagraphs"
     variant = {"engine": args.engine, "device": args.device, "precision": args.precision,
-               "graph": args.graph if args.engine == "pytorch" else None}
+               "graph": args.graph if args.engine == "pytorch" or onnx_graphs else None}
     grid = Grid(Path(args.out), variant)
     started = time.perf_counter()
     try:
-        options = {"graph": args.graph} if args.engine == "pytorch" else {}
+        options = {"graph": args.graph} if args.engine == "pytorch" else \
+            {"onnx_cuda_graphs": onnx_graphs}
         engine = load_engine(args.engine, args.model_dir, device=args.device,
                              precision=args.precision, **options)
     except Exception as exc:  # noqa: BLE001 - said in every cell, and the check goes on
@@ -167,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # what really runs: a precision or graph the device cannot run falls back, and says so
     variant.update(device=engine.device, precision=engine.precision)
-    runs_as = getattr(engine, "graph", None) if args.engine == "pytorch" else None
+    runs_as = getattr(engine, "graph", None) if args.engine == "pytorch" else \
+        ("cudagraphs" if getattr(engine, "graphs", None) else None)
     grid.part.update(describe=engine.describe(), runs_as=runs_as,
                      load_s=time.perf_counter() - started)
     print(f"  {engine.describe()} (loaded in {grid.part['load_s']:.1f} s)", flush=True)
@@ -187,7 +190,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--model_dir", required=True, help="a prepared QA model folder")
     p.add_argument("--engine", choices=("onnx", "pytorch"), required=True, help="the engine")
-    p.add_argument("--graph", default="traced", help="pytorch: its --pytorch_graph")
+    p.add_argument("--graph", default="traced", help="pytorch: its --pytorch_graph; onnx: "
+                   "cudagraphs for --onnx_cuda_graphs on")
     p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
     p.add_argument("--precision", default="fp16", help="fp32, fp16 or bf16")
     p.add_argument("--rows", default=",".join(map(str, ROWS)), help="rows per batch")

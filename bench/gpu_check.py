@@ -83,7 +83,9 @@ def grid_variants(args: argparse.Namespace) -> list[dict[str, Any]]:
     onnx_here = args.dry or onnx_on_cuda()
     onnx = {"engine": "onnx", "device": args.device if onnx_here else "cpu",
             "precision": precision if onnx_here else "fp32", "graph": None}
-    return [v for v in [*variants, onnx] if v["engine"] in args.engines]
+    # ONNX's CUDA graphs (--onnx_cuda_graphs on) are off by default until this shows them faster
+    graphed = [{**onnx, "graph": "cudagraphs"}] if onnx_here and not args.dry else []
+    return [v for v in [*variants, onnx, *graphed] if v["engine"] in args.engines]
 
 
 def onnx_on_cuda() -> bool:
