@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from bench.cost_curve import LENGTHS, ROWS, SCHEMA, VERSION, validate  # noqa: E402
 from bench.gpu_check_report import CHECK_SCHEMA, Budget, machine_info, print_report, run_step  # noqa: E402
 from bench.servers import qa_model_dir  # noqa: E402
-from engines import TORCH_GRAPHS  # noqa: E402
+from engines import TORCH_GRAPH_AUTO, TORCH_GRAPHS  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
 
 #: The lengths the servers pad to, the grid's.
@@ -158,7 +158,10 @@ def server_plan(args: argparse.Namespace) -> list[tuple[str, str | None, str, li
     dry run, so that it runs what the GPU machine will."""
     from settings.server_config import ServerConfig
 
-    graphs = args.server_graphs or [ServerConfig().pytorch_graph]
+    default = ServerConfig().pytorch_graph  # "auto": what it picks on this device, by name
+    if default == TORCH_GRAPH_AUTO:
+        default = "cudagraphs" if args.device.startswith("cuda") else "traced"
+    graphs = args.server_graphs or [default]
     engines = [("pytorch", g) for g in graphs] if "pytorch" in args.engines else []
     if "onnx" in args.engines and onnx_on_cuda():  # its servers on the CPU tell nothing here
         engines.append(("onnx", None))
