@@ -107,7 +107,9 @@ class TaskOutputs(torch.nn.Module):
 
 
 def load_task_model(task: str, model_dir: str | Path) -> torch.nn.Module:
-    """The PyTorch weights of a prepared folder, loaded as ``task`` needs them (not wrapped).
+    """The PyTorch weights of a prepared folder, loaded as ``task`` needs them (not wrapped), in
+    float32 whatever dtype the folder saved (transformers 5 would keep the saved dtype; the
+    engine casts to its precision itself).
 
     Raises:
         ValueError: Not a built-in task (a plug-in task's model runs on the ONNX engine).
@@ -123,4 +125,4 @@ def load_task_model(task: str, model_dir: str | Path) -> torch.nn.Module:
     if task not in loaders:
         raise ValueError(f"the pytorch engine runs the built-in tasks {sorted(loaders)}, not "
                          f"{task!r}; serve it with the onnx engine")
-    return loaders[task].from_pretrained(model_dir)
+    return loaders[task].from_pretrained(model_dir, dtype=torch.float32)
