@@ -82,7 +82,7 @@ class Group:
         weights: ``weights_digest`` of the model that gave the logits.
     """
 
-    settings: dict[str, int]
+    settings: dict[str, Any]
     weights: str
     cases: list[Case]
 
@@ -150,7 +150,8 @@ def _case(question: str, context: str, runs: list[list[tuple[list[int], np.ndarr
     first = runs[0]
     for other in runs[1:]:
         assert [w for w, _, _ in other] == [w for w, _, _ in first], "windows changed"
-        assert all((a[1] == b[1]).all() and (a[2] == b[2]).all() for a, b in zip(first, other))
+        assert all((a[1] == b[1]).all() and (a[2] == b[2]).all()
+                   for a, b in zip(first, other, strict=True))
     return Case(question=question, context=context, lengths=[len(w) for w, _, _ in first],
                 windows=window_digest([w for w, _, _ in first]),
                 start_logits=np.concatenate([s for _, s, _ in first]),

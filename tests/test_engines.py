@@ -182,7 +182,8 @@ def test_served_engines_give_the_pipelines_answers(tiny_model_dir: Path, kind: s
     engine = load_engine(kind, tiny_model_dir, threads=1)
     features = [task.preprocess(q, c) for q, c in CASES]
     batched = task.answer_batch(features, engine.run(task.collate(features)))
-    for (question, _), feature, together, expected in zip(CASES, features, batched, reference):
+    for (question, _), feature, together, expected in zip(CASES, features, batched, reference,
+                                                          strict=True):
         alone = task.answer_batch([feature], engine.run(task.collate([feature])))[0]
         for ours in (alone, together):
             assert (ours["answer"], ours["start"], ours["end"]) == (

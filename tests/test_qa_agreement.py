@@ -107,7 +107,7 @@ def settings_for(windows: tuple[int, int] | None, impossible: bool) -> tuple[QAC
     return QAConfig(**kwargs), kwargs
 
 
-def window_settings(windows: tuple[int, int] | None) -> dict[str, int]:
+def window_settings(windows: tuple[int, int] | None) -> dict[str, Any]:
     """The pipeline's and our keyword arguments for ``windows``."""
     return {} if windows is None else {"max_seq_len": windows[0], "doc_stride": windows[1]}
 
