@@ -95,9 +95,8 @@ class TaskOutputs(torch.nn.Module):
 
     def named(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """The task's outputs for inputs given by name."""
-        given = dict(inputs)
-        if self.model_mask is not None:
-            given["attention_mask"] = self.model_mask(inputs["attention_mask"])
+        given = inputs if self.model_mask is None else {
+            **inputs, "attention_mask": self.model_mask(inputs["attention_mask"])}
         if self.task == "embed":
             return (self.model(**given, pooling_mask=inputs["attention_mask"]),)
         out = self.model(**given, return_dict=True)
