@@ -2,8 +2,9 @@
 #   docker build -f docker/server.Dockerfile -t qa-server .
 #   docker run --rm -v "$PWD/saved_models:/app/saved_models" --entrypoint python qa-server prepare_model.py
 #   docker run --rm --gpus all -p 9999:9999 -v "$PWD/saved_models:/app/saved_models" qa-server
-# cuDNN 9 + CUDA 12 runtime: what onnxruntime-gpu 1.23's CUDA provider links against.
-FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+# cuDNN 9 + CUDA 13 runtime: what onnxruntime-gpu 1.31's CUDA provider links against (its wheel
+# asks for nvidia-cuda-runtime ~=13.0 and nvidia-cudnn-cu13).
+FROM nvidia/cuda:13.1.1-cudnn-runtime-ubuntu24.04
 
 ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 TOKENIZERS_PARALLELISM=false
@@ -27,8 +28,9 @@ RUN python3.11 -m venv /opt/venv \
     && /opt/venv/bin/pip install -r requirements-gpu.txt -c constraints.txt
 ENV PATH=/opt/venv/bin:$PATH
 # TensorRT 10 libraries for onnxruntime-gpu's TensorRT provider (libnvinfer.so.10, the major
-# version onnxruntime 1.23 links against); without them the server logs why and runs on CUDA.
-ARG TENSORRT_LIBS=tensorrt-cu12-libs==10.13.0.35
+# version onnxruntime links against; built for CUDA 13); without them the server logs why and
+# runs on CUDA.
+ARG TENSORRT_LIBS=tensorrt-cu13-libs==10.16.1.11
 RUN if [ -n "$TENSORRT_LIBS" ]; then /opt/venv/bin/pip install "$TENSORRT_LIBS"; fi
 ENV LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/tensorrt_libs:${LD_LIBRARY_PATH}
 # jemalloc for every process of the server: the tokenizer allocates heavily, and with it the

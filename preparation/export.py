@@ -4,6 +4,12 @@ One function per step, each taking the task (``qa``, ``embed`` or ``classify``; 
 task_models.py says what each task's model returns). Used by prepare_model.py and by the tests
 (which build tiny random models), so both go through the same code. Heavy imports (torch,
 onnxruntime) happen here only.
+
+The ONNX graph's attention must keep the shape that ONNX Runtime's transformer optimizer fuses
+(preparation/fp16.py: its fused Attention and EmbedLayerNormalization operators). Models of
+transformers 5 build their attention mask in a way it no longer recognises, so where a model
+takes a prepared mask (transformers 5 does, 4.57 does not) and gives the same outputs with it,
+the export runs eager attention on the additive 4D mask transformers 4 built (``fusable_outputs``).
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -70,14 +78,56 @@ def output_axes(task: str) -> dict[str, dict[int, str]]:
     return {name: {0: "batch"} for name in TASK_OUTPUT_NAMES[task]}
 
 
+def expanded_attention_mask(mask: torch.Tensor) -> torch.Tensor:
+    """The additive ``[rows, 1, length, length]`` float32 mask transformers 4 built from a 2D one:
+    0 where a token may be attended, float32's lowest value where not."""
+    rows, length = mask.shape
+    expanded = mask[:, None, None, :].expand(rows, 1, length, length).to(torch.float32)
+    inverted = 1.0 - expanded
+    return inverted.masked_fill(inverted.to(torch.bool), torch.finfo(torch.float32).min)
+
+
+@contextmanager
+def fusable_outputs(model: torch.nn.Module, task: str, input_names: list[str],
+                    feeds: dict[str, np.ndarray]) -> Iterator[TaskOutputs]:
+    """The task's outputs to export: eager attention on ``expanded_attention_mask`` where the
+    model takes that mask and gives the same outputs on ``feeds`` as it does as loaded (within
+    ``DEFAULT_TOLERANCE``); else the model as loaded. The model's attention implementation is
+    restored on leaving."""
+    plain = TaskOutputs(model, task, input_names).eval()
+    switch = getattr(model, "set_attn_implementation", None)
+    before = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if switch is None or before is None or "attention_mask" not in input_names:
+        yield plain
+        return
+    expected = _outputs(plain, feeds)
+    prepared = TaskOutputs(model, task, input_names, model_mask=expanded_attention_mask).eval()
+    try:
+        switch("eager")
+        same = largest_difference(_outputs(prepared, feeds), expected, feeds,
+                                  task) <= DEFAULT_TOLERANCE
+    except Exception as exc:  # noqa: BLE001 - a model that refuses the mask is exported as is
+        log.debug("exporting the model as loaded: a prepared mask fails (%s)", exc)
+        same = False
+    if not same:
+        switch(before)
+        yield plain
+        return
+    log.info("ONNX export: eager attention on an expanded mask (%s as loaded)", before)
+    try:
+        yield prepared
+    finally:
+        switch(before)
+
+
 def export_onnx(model: torch.nn.Module, path: Path, input_names: list[str], opset: int,
                 feeds: dict[str, np.ndarray], task: str = "qa") -> None:
-    """Export ``task``'s outputs (engines/task_models.py) with dynamic batch and sequence axes
-    (TorchScript exporter, deterministic)."""
-    wrapper = TaskOutputs(model, task, input_names).eval()
+    """Export ``task``'s outputs (engines/task_models.py; ``fusable_outputs``) with dynamic batch
+    and sequence axes (TorchScript exporter, deterministic)."""
     args = tuple(torch.from_numpy(feeds[n]) for n in input_names)
     axes = {**{n: {0: "batch", 1: "sequence"} for n in input_names}, **output_axes(task)}
-    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad(), \
+            fusable_outputs(model, task, input_names, feeds) as wrapper:
         warnings.simplefilter("ignore")
         torch.onnx.export(
             wrapper, args, str(path), input_names=input_names,
@@ -86,32 +136,40 @@ def export_onnx(model: torch.nn.Module, path: Path, input_names: list[str], opse
         )
 
 
-def torch_outputs(model: torch.nn.Module, feeds: dict[str, np.ndarray],
-                  task: str = "qa") -> list[np.ndarray]:
-    """``task``'s outputs of the PyTorch model on ``feeds``, in ``TASK_OUTPUT_NAMES`` order."""
-    wrapper = TaskOutputs(model, task, list(feeds)).eval()
+def _outputs(wrapper: TaskOutputs, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """``wrapper``'s outputs on ``feeds``, as float32 numpy arrays."""
     with torch.inference_mode():
         out = wrapper.named({k: torch.from_numpy(v) for k, v in feeds.items()})
     return [value.float().numpy() for value in out]
 
 
-def verify_onnx(model: torch.nn.Module, path: Path, feeds: dict[str, np.ndarray],
-                task: str = "qa") -> float:
-    """Largest absolute output difference between ONNX Runtime (CPU) and PyTorch on ``feeds``.
+def torch_outputs(model: torch.nn.Module, feeds: dict[str, np.ndarray],
+                  task: str = "qa") -> list[np.ndarray]:
+    """``task``'s outputs of the PyTorch model on ``feeds``, in ``TASK_OUTPUT_NAMES`` order."""
+    return _outputs(TaskOutputs(model, task, list(feeds)).eval(), feeds)
 
-    For ``qa`` only positions under the attention mask are compared (padding logits are
-    meaningless); the other tasks' outputs have one row per input row, all compared.
-    """
-    import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    onnx_out = session.run(list(TASK_OUTPUT_NAMES[task]), feeds)
-    expected = torch_outputs(model, feeds, task)
-    pairs = zip(onnx_out, expected, strict=True)
+def largest_difference(got: list[np.ndarray], expected: list[np.ndarray],
+                       feeds: dict[str, np.ndarray], task: str = "qa") -> float:
+    """Largest absolute difference between two runs' outputs on ``feeds``: for ``qa`` only at
+    positions under the attention mask (padding logits are meaningless); the other tasks'
+    outputs have one row per input row, all compared."""
+    pairs = zip(got, expected, strict=True)
     if task == "qa":
         mask = feeds["attention_mask"].astype(bool)
         return float(max(np.abs(o - t)[mask].max() for o, t in pairs))
     return float(max(np.abs(o - t).max() for o, t in pairs))
+
+
+def verify_onnx(model: torch.nn.Module, path: Path, feeds: dict[str, np.ndarray],
+                task: str = "qa") -> float:
+    """Largest absolute output difference (``largest_difference``) between ONNX Runtime (CPU)
+    and PyTorch on ``feeds``."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    onnx_out = session.run(list(TASK_OUTPUT_NAMES[task]), feeds)
+    return largest_difference(onnx_out, torch_outputs(model, feeds, task), feeds, task)
 
 
 def task_metadata(model: torch.nn.Module, task: str,

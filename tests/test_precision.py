@@ -34,8 +34,11 @@ def test_the_fp16_export_is_checked_against_fp32_and_recorded(fp16_dir: Path) ->
     assert 0 < meta["max_abs_logit_diff"] < 0.05  # fp16 rounding: not zero, not large
     import onnx
 
-    types = {i.data_type for i in onnx.load(str(fp16_dir / FP16_FILE)).graph.initializer}
-    assert onnx.TensorProto.FLOAT16 in types  # the weights really are fp16
+    graph = onnx.load(str(fp16_dir / FP16_FILE)).graph
+    assert onnx.TensorProto.FLOAT16 in {i.data_type for i in graph.initializer}  # fp16 weights
+    # ONNX Runtime's optimizer fused the attention and the embeddings, whichever transformers
+    # line exported the model (5.x's own attention masks are a shape it does not fuse)
+    assert {"Attention", "EmbedLayerNormalization"} <= {node.op_type for node in graph.node}
 
 
 def test_an_fp16_export_that_disagrees_is_not_kept(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -187,6 +187,23 @@ def test_an_encoder_folder_prepared_as_qa_is_marked_not_meaningful(tiny_model_di
     assert "NOT MEANINGFUL" in done.stdout + done.stderr
 
 
+def test_a_model_saved_in_float16_is_loaded_and_exported_in_float32(tiny_model_dir: Path,
+                                                                      tmp_path: Path) -> None:
+    """transformers 5 loads a checkpoint in the dtype it was saved in; 4.57 in float32. Both
+    lines give the export (and the PyTorch engine) float32 weights."""
+    import torch
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+    from engines.task_models import load_task_model
+    from preparation.model_sources import load_hub_model
+
+    half = tmp_path / "half"
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(half)
+    AutoModelForQuestionAnswering.from_pretrained(tiny_model_dir).half().save_pretrained(half)
+    assert load_hub_model(str(half), "qa").model.dtype == torch.float32
+    assert load_task_model("qa", half).dtype == torch.float32
+
+
 def test_fp16_checks_a_qa_model_shorter_than_384_tokens_in_its_own_windows(
         tmp_path: Path) -> None:
     """The check built 384-token windows whatever the model took, and crashed."""

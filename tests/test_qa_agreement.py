@@ -1,4 +1,9 @@
-"""Our QA task answers exactly like transformers' pipeline("question-answering")."""
+"""Our QA task answers exactly like transformers' pipeline("question-answering").
+
+The tests here ask the pipeline, where the installed transformers has it (4.57; 5.x has none).
+On every line, tests/test_qa_stored_answers.py checks the same cases against the pipeline's
+stored answers.
+"""
 
 from __future__ import annotations
 
@@ -23,10 +28,18 @@ from transformers import (
 
 from protocol.errors import BadRequest
 from tasks.qa import QAConfig, QATask
+from tests.qa_reference import has_qa_pipeline
 
 SEEDS = (0, 1, 2)
 #: (max_seq_len, doc_stride) given to both sides; None means both use their defaults.
 WINDOWS = (None, (64, 32))
+#: The windows of the random unicode cases.
+UNICODE_WINDOWS = (48, 16)
+
+requires_pipeline = pytest.mark.skipif(
+    not has_qa_pipeline(), reason="this transformers has no question-answering pipeline; "
+    "tests/test_qa_stored_answers.py checks its stored answers")
+
 
 
 def long_context(words: int, seed: int = 0) -> str:
@@ -90,10 +103,13 @@ def model(request: pytest.FixtureRequest, tokenizer: Any) -> torch.nn.Module:
 
 def settings_for(windows: tuple[int, int] | None, impossible: bool) -> tuple[QAConfig, dict]:
     """Our config and the pipeline's keyword arguments for the same settings."""
-    kwargs: dict[str, Any] = {"handle_impossible_answer": impossible}
-    if windows is not None:
-        kwargs.update(max_seq_len=windows[0], doc_stride=windows[1])
+    kwargs: dict[str, Any] = {"handle_impossible_answer": impossible, **window_settings(windows)}
     return QAConfig(**kwargs), kwargs
+
+
+def window_settings(windows: tuple[int, int] | None) -> dict[str, Any]:
+    """The pipeline's and our keyword arguments for ``windows``."""
+    return {} if windows is None else {"max_seq_len": windows[0], "doc_stride": windows[1]}
 
 
 def assert_same(ours: dict[str, Any], reference: dict[str, Any], label: str) -> None:
@@ -103,6 +119,7 @@ def assert_same(ours: dict[str, Any], reference: dict[str, Any], label: str) -> 
     assert ours["score"] == pytest.approx(reference["score"], rel=1e-4), label
 
 
+@requires_pipeline
 @pytest.mark.parametrize("impossible", [False, True], ids=["squad1", "squad2"])
 @pytest.mark.parametrize("windows", WINDOWS, ids=["defaults", "64-32"])
 def test_answers_equal_the_pipeline(tokenizer: Any, model: torch.nn.Module,
@@ -120,6 +137,7 @@ def test_answers_equal_the_pipeline(tokenizer: Any, model: torch.nn.Module,
         assert_same(alone, reference, f"alone: {question!r}")
 
 
+@requires_pipeline
 def test_no_answer_equals_the_pipeline(tokenizer: Any) -> None:
     bert = tiny_bert(tokenizer, 2)  # a seed whose null score wins on some short contexts
     reader = pipeline("question-answering", model=bert, tokenizer=tokenizer)
@@ -132,13 +150,19 @@ def test_no_answer_equals_the_pipeline(tokenizer: Any) -> None:
         assert_same(answer, reference, question)
 
 
-def test_models_without_token_type_ids_equal_the_pipeline() -> None:
+def tiny_distil(seed: int) -> tuple[torch.nn.Module, Any]:
+    """A tiny random DistilBERT QA model and a tokenizer without token_type_ids."""
     tokenizer = AutoTokenizer.from_pretrained(get_model_path(),
                                               model_input_names=["input_ids", "attention_mask"])
-    torch.manual_seed(3)
+    torch.manual_seed(seed)
     config = DistilBertConfig(vocab_size=tokenizer.vocab_size, dim=32, n_layers=2, n_heads=2,
                               hidden_dim=64, max_position_embeddings=512)
-    distil = DistilBertForQuestionAnswering(config).eval()
+    return DistilBertForQuestionAnswering(config).eval(), tokenizer
+
+
+@requires_pipeline
+def test_models_without_token_type_ids_equal_the_pipeline() -> None:
+    distil, tokenizer = tiny_distil(3)
     reader = pipeline("question-answering", model=distil, tokenizer=tokenizer)
     task = QATask(tokenizer, QAConfig(max_seq_len=64, doc_stride=32),
                   input_names=("input_ids", "attention_mask"))
@@ -170,6 +194,7 @@ def random_reader(tokenizer: Any) -> tuple[torch.nn.Module, Any]:
     return bert, pipeline("question-answering", model=bert, tokenizer=tokenizer)
 
 
+@requires_pipeline
 @settings(max_examples=30, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(question=texts(max_words=4), context=texts(max_words=60), impossible=st.booleans())
@@ -177,7 +202,7 @@ def test_random_unicode_equals_the_pipeline(tokenizer: Any, random_reader: tuple
                                             question: str, context: str,
                                             impossible: bool) -> None:
     bert, reader = random_reader
-    config, kwargs = settings_for((48, 16), impossible)
+    config, kwargs = settings_for(UNICODE_WINDOWS, impossible)
     task = QATask(tokenizer, config)
     try:
         features = task.preprocess(question, context)
@@ -228,3 +253,4 @@ def test_bad_requests_are_exactly_what_the_tokenizer_cannot_window(tokenizer: An
             except BadRequest:
                 accepted = False
             assert accepted == windowed, (question_words, context_words)
+
