@@ -26,7 +26,7 @@ TENSORRT_PROVIDER = "TensorrtExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"
 CPU_PROVIDER = "CPUExecutionProvider"
 TRT_CACHE_DIR = "trt_cache"
-TRT_LIBRARY = "libnvinfer.so.10"  # the TensorRT major version onnxruntime 1.23 links against
+TRT_LIBRARY = "libnvinfer.so.10"  # the TensorRT major version onnxruntime-gpu 1.31 links against
 
 Provider = str | tuple[str, dict[str, object]]
 
