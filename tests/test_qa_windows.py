@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from protocol.errors import BadRequest
 from tasks.qa import QAConfig, QATask, QATokenizer
-from tasks.qa_windows import ContextWindows, window_bounds
+from tasks.qa_windows import ContextWindows, window_bounds, windows_due
 
 FEATURES = ("input_ids", "token_type_ids", "lengths", "allowed", "offsets", "word_spans")
 # ASCII pieces that stress the tokenizer: case, punctuation runs, every whitespace the
@@ -153,3 +153,19 @@ def test_the_tokenizers_pool_is_off_unless_the_user_set_it(given_value: str | No
         [sys.executable, "-c", "import os, tasks.encoding; print(os.environ['TOKENIZERS_PARALLELISM'])"],
         env=env, capture_output=True, text=True, check=True, timeout=60).stdout.strip()
     assert shown == expected
+
+
+@pytest.mark.parametrize(("max_seq_len", "stride"), [(384, 128), (48, 16)])
+def test_a_tokenizer_that_windows_right_gives_every_window_due(
+        tokenizer: QATokenizer, max_seq_len: int, stride: int) -> None:
+    windows, plain = tokenizer.copy(max_seq_len, stride), tokenizer.copy()
+    got, want = windows_due(windows, plain, max_seq_len, stride, tokenizer.pair_specials)
+    assert got == want >= 3  # the probe is long enough to need several windows
+
+
+def test_windowing_that_falls_short_is_told_apart(tokenizer: QATokenizer) -> None:
+    # tokenizers 0.23.2 gave a long pair only its first two windows; a windowing of twice the
+    # length falls short the same way, on whatever version runs the tests
+    plain = tokenizer.copy()
+    got, want = windows_due(tokenizer.copy(96, 16), plain, 48, 16, tokenizer.pair_specials)
+    assert got < want
