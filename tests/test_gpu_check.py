@@ -146,3 +146,23 @@ def test_no_server_starts_once_the_budget_is_spent(tiny_model_dir: Path) -> None
     assert [(r["engine"], r["layout"]) for r in rows] == \
         [("pytorch", "1 process"), ("pytorch", "--workers 2")]
     assert all(r["skipped"].startswith("the check's time ran short") for r in rows)
+
+
+def test_the_rounds_dry_run_gives_each_round_and_the_medians_of_its_figures(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/gpu_rounds.py", "--device", "cpu", "--precision", "fp32",
+         "--model_dir", str(tiny_model_dir), "--rounds", "2", "--clients", "2",
+         "--sessions", "1", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+        timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads((tmp_path / "gpu_rounds.json").read_text())
+    assert len(record["rounds"]) == 2 and record["clients"] == 2
+    for r in record["rounds"]:
+        assert r["errors"] == 0 and r["alone_ms"] > 0 and r["p50_ms"] > 0
+        assert r["over_alone_ms"] == pytest.approx(r["p50_ms"] - r["alone_ms"])
+        assert r["clients_mean_batch"] >= 1 and r["saturated_rps"] > 0
+    for name, figure in record["summary"].items():
+        values = [r[name] for r in record["rounds"]]
+        assert figure["low"] == min(values) and figure["high"] == max(values)
+        assert figure["median"] == pytest.approx(sum(values) / 2)
