@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import ssl
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, NoReturn
 
 from broker.urls import config_problems as broker_url_problems
@@ -66,6 +69,10 @@ class InferenceServer:
 
     def __init__(self, config: ServerConfig,
                  engine_factory: Callable[[], Engine] | None = None) -> None:
+        self._sim_dir: str | None = None  # the simulated devices' folder this server made
+        if config.inference_engine_type == "sim" and config.sim_device_dir is None:
+            self._sim_dir = tempfile.mkdtemp(prefix="qa-sim-")  # shared by its workers
+            config = replace(config, sim_device_dir=self._sim_dir)
         self.config = config
         self.engine_factory = engine_factory
         self.max_frame_size = config.max_frame_size
@@ -328,6 +335,8 @@ class InferenceServer:
             conn.close()
         for conn in connections:
             conn.thread.join(left())
+        if self._sim_dir is not None:
+            shutil.rmtree(self._sim_dir, ignore_errors=True)
         if self._metrics_httpd is not None:
             self._metrics_httpd.shutdown()
             self._metrics_httpd.server_close()

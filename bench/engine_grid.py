@@ -10,7 +10,7 @@ Each cell: ``--warmup`` untimed runs, then timed runs until ``--runs`` or, past 
 inputs copied in, outputs copied back to host memory, as the server calls it. Cells go from the
 smallest batch to the largest; one that would end past ``--deadline`` (a Unix time) is skipped,
 and said, as is every larger one. The part written (rewritten after every cell, so that a kill
-loses none) holds the cells and skipped cells of bench/cost_curve.py's schema, the engine's own
+loses none) holds the cells and skipped cells of engines/cost_curve.py's schema, the engine's own
 description, its load time, and (``--request_runs``) one request of the mix through the whole
 task at batch 1 (tokenizing, the engine, decoding), the reference for the server at 1 client.
 """
@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.cost_curve import LENGTHS, ROWS  # noqa: E402
+from engines.cost_curve import LENGTHS, ROWS  # noqa: E402
 from bench.figures import percentile  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
 

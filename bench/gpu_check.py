@@ -12,7 +12,7 @@ from ``--started_at``) runs out:
    where it is already there or ``--model_dir`` names a model.
 2. **The engine alone** (bench/engine_grid.py, one process per variant): every PyTorch graph
    (``engines.TORCH_GRAPHS``) at fp16 on CUDA (fp32 on the CPU), and ONNX on the providers its
-   onnxruntime has, over rows x length buckets: the cost curve (bench/cost_curve.py's schema),
+   onnxruntime has, over rows x length buckets: the cost curve (engines/cost_curve.py's schema),
    written to ``OUT/cost_curve.json``.
 3. **The server** in each layout (one process; ``--workers N``): p50 at 1 client (closed
    loop), then requests/s at saturation under bench/pipeload.py's lean pipelined load, with
@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.cost_curve import LENGTHS, ROWS, SCHEMA, VERSION, validate  # noqa: E402
+from engines.cost_curve import LENGTHS, ROWS, SCHEMA, VERSION, validate  # noqa: E402
 from bench.gpu_check_report import CHECK_SCHEMA, Budget, machine_info, print_report, run_step  # noqa: E402
 from bench.servers import qa_model_dir  # noqa: E402
 from engines import TORCH_GRAPH_AUTO, TORCH_GRAPHS  # noqa: E402
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
 def results(args: argparse.Namespace, machine: dict[str, Any], steps: list[dict[str, Any]],
             model_dir: str, how: str, grid: dict[str, Any],
             servers: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The cost curve (bench/cost_curve.py's schema) and the check's own record."""
+    """The cost curve (engines/cost_curve.py's schema) and the check's own record."""
     info = json.loads((Path(model_dir) / "serving.json").read_text())
     model = {"name": info["model_name"], "dir": model_dir}
     curve = {"schema": SCHEMA, "version": VERSION, "machine": machine, "date": machine["date"],

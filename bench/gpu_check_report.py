@@ -3,7 +3,7 @@ ran on, and the tables it prints.
 
 ``OUT/gpu_check.json`` (``CHECK_SCHEMA``, version 1) holds ``machine``, ``argv``, ``budget_s``,
 ``elapsed_s``, ``model`` (name, dir, how it was had, its fp16 check), ``steps`` (each with
-``elapsed_s`` and ``status``), ``cost_curve`` (the file beside it, bench/cost_curve.py's schema)
+``elapsed_s`` and ``status``), ``cost_curve`` (the file beside it, engines/cost_curve.py's schema)
 with ``cost_curve_problems`` (empty when it follows the schema), ``engines`` (each variant's
 description, load time and ``request_batch1``: one request of the mix through the whole task
 at batch 1) and ``servers`` (per engine and layout: ``one_client`` p50/p90, ``saturation``
@@ -25,7 +25,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench.cost_curve import Variant
+from engines.cost_curve import Variant
 
 CHECK_SCHEMA = "qa-server/gpu-check"
 ROOT = Path(__file__).resolve().parent.parent

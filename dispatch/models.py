@@ -18,6 +18,7 @@ from typing import Any
 from broker.urls import require_one
 from engines.base import Engine
 from engines.model_dir import ModelInfo, find_models, load_model_info
+from engines.sim_engine import SIM_ENGINE_WARNING
 from engines.zero_engine import ZERO_ENGINE_WARNING
 from protocol.errors import BadRequest
 from protocol.messages import (
@@ -80,6 +81,8 @@ def make_backend(config: ServerConfig, info: ModelInfo, stats: ServerStats,
 
 
 #: Ops the server answers itself, whatever models it serves.
+#: Engine types that run no model, and what the served models' metadata then warns.
+NO_MODEL = {"zero": ZERO_ENGINE_WARNING, "sim": SIM_ENGINE_WARNING}
 CONTROL_OPS = frozenset({PingRequest.op, StatsRequest.op, ModelsRequest.op, AuthRequest.op})
 
 
@@ -109,8 +112,9 @@ class ModelSet:
         """
         for name, path in find_models(self.config.model_dir):
             info = load_model_info(path)
-            if self.config.inference_engine_type == "zero":  # nothing runs the weights
-                info = replace(info, meaningful=False, warning=ZERO_ENGINE_WARNING)
+            if self.config.inference_engine_type in NO_MODEL:  # nothing runs the weights
+                warning = NO_MODEL[self.config.inference_engine_type]
+                info = replace(info, meaningful=False, warning=warning)
             cls = task_class(info.task)
             if cls.op in CONTROL_OPS:  # the built-in op would always win: never reachable
                 raise ValueError(f"model {name}: task {info.task!r} answers op {cls.op!r}, "

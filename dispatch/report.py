@@ -58,8 +58,22 @@ def collect_stats(config: ServerConfig, stats: ServerStats, models: ModelSet,
             if key in entries[only.name]:
                 result[key] = entries[only.name][key]
     result["workers"] = workers
+    busy = device_busy(workers)
+    if busy:
+        result["devices"] = busy
     result["models"] = entries
     return result, total, per_model
+
+
+def device_busy(workers: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each device's busy fraction of late, where its engines know it (the sim engine): what
+    the workers on it report (each reads the same device, so the highest, the freshest)."""
+    out: dict[str, dict[str, float]] = {}
+    for worker in workers:
+        if "device_busy" in worker:
+            entry = out.setdefault(str(worker["device"]), {"device_busy": 0.0})
+            entry["device_busy"] = max(entry["device_busy"], worker["device_busy"])
+    return out
 
 
 def _description(model: ServedModel) -> dict[str, Any]:

@@ -8,9 +8,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from engines.base import Engine
+from engines.sim_device import SimSettings
 
 #: "zero" runs no model (random logits at once): for benchmarks of the server's own work only.
-ENGINE_TYPES = ("onnx", "pytorch", "zero")
+#: "sim" runs no model either, but costs what a GPU does (engines/sim_engine.py): for tests and
+#: benchmarks of the GPU layout without a GPU.
+ENGINE_TYPES = ("onnx", "pytorch", "zero", "sim")
 #: Arithmetic an engine may be asked for; where it cannot honour one it says so and runs fp32.
 PRECISIONS = ("fp32", "fp16", "bf16")
 #: How a PyTorch engine can run its model: the traced graph captured as CUDA graphs, one per
@@ -34,7 +37,8 @@ def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threa
                 lone_threads: int = 0, crowded: Callable[[], bool] | None = None,
                 precision: str = "fp32", graph: str = TORCH_GRAPH_AUTO,
                 lengths: Sequence[int] = (), max_seq_len: int = 0,
-                max_tokens: int = 0, onnx_cuda_graphs: bool = False) -> Engine:
+                max_tokens: int = 0, onnx_cuda_graphs: bool = False,
+                sim: SimSettings | None = None) -> Engine:
     """Load one engine of ``kind`` (one of ENGINE_TYPES) from a prepared model folder.
 
     ``lone_threads`` and ``crowded`` (ONNX on the CPU): threads for a batch that has the machine
@@ -43,6 +47,7 @@ def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threa
     ``lengths``, ``max_seq_len`` and ``max_tokens`` (CUDA graphs): the server's length buckets,
     longest length and token budget, which set the shapes captured (engines/shapes.py).
     ``onnx_cuda_graphs``: the ONNX engine on CUDA replays CUDA graphs (see OnnxEngine).
+    ``sim``: the simulated device's settings (engines/sim_device.py).
 
     The backend is imported only here, so a server using ONNX never imports torch's CUDA stack.
     """
@@ -63,4 +68,8 @@ def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threa
         from engines.zero_engine import ZeroEngine
 
         return ZeroEngine(model_dir)
+    if kind == "sim":
+        from engines.sim_engine import SimEngine
+
+        return SimEngine(model_dir, device=device, settings=sim)
     raise ValueError(f"unknown engine type {kind!r}; choose from {ENGINE_TYPES}")

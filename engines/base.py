@@ -59,6 +59,11 @@ class Engine(ABC):
             for QA logits, ``[rows, dim]`` for embeddings, ``[rows, labels]`` for class logits.
         """
 
+    def device_busy(self) -> float | None:
+        """The device's busy fraction of late, where the engine knows it (the simulated
+        device: every process's runs on it); None: unknown (the default)."""
+        return None
+
     def close(self) -> None:
         """Release the engine's resources; the default does nothing."""
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+#: Simulated GPUs the sim engine offers (``--cuda_devices`` 0 to 15).
+SIM_DEVICES = 16
+
 
 class DeviceError(RuntimeError):
     """The GPUs asked for are not usable by this engine type on this machine."""
@@ -25,7 +28,10 @@ def visible_gpus() -> int:
 
 
 def usable_gpus(engine_type: str) -> tuple[int, str]:
-    """How many GPUs ``engine_type`` can use here, and why none when that is 0."""
+    """How many GPUs ``engine_type`` can use here, and why none when that is 0 (the sim
+    engine: SIM_DEVICES simulated ones, on any machine)."""
+    if engine_type == "sim":
+        return SIM_DEVICES, ""
     if engine_type == "pytorch":
         import torch
 

@@ -61,8 +61,21 @@ class ServerConfig:
     claim_idle_ms: float = option(15000.0, "a worker claims work another worker took and left "
                                   "unanswered this long (it died): the visibility timeout")
     inference_engine_type: str = option("onnx", "engine backend (zero: no model, random "
-                                        "answers; for front-end benchmarks only)",
+                                        "answers; for front-end benchmarks only; sim: random "
+                                        "answers at a simulated GPU's cost, for tests and "
+                                        "benchmarks of the GPU layout, docs/gpu.md)",
                                         choices=OWNED)
+    sim_cost_curve: str | None = option(None, "sim engine: the GPU cost curve it follows, a "
+                                        "file the GPU check wrote (default: one H200's, "
+                                        "engines/data/cost_curve_h200.json)")
+    sim_scale: float = option(0.0, "sim engine: the device's speed against the GPU measured "
+                              "(0: as fast against this machine's cores as that GPU was "
+                              "against its machine's, e.g. 2/16 on 2 cores)")
+    sim_launch_ms: float = option(0.1, "sim engine: host CPU per run (the launch), burnt with "
+                                  "the GIL released")
+    sim_device_dir: str | None = option(None, "sim engine: the folder of the simulated devices' "
+                                        "files, which every process of the server shares "
+                                        "(default: a new temporary folder per server)")
     model_dir: str = option("saved_models", "a folder written by prepare_model.py, or a "
                             "repository: each subfolder holding one is a model of that name, "
                             "all served at once (docs/tasks.md)")
@@ -207,7 +220,8 @@ class ServerConfig:
         """What is wrong with these settings (empty when they can serve)."""
         at_least_one = ("num_inference_sessions", "workers", "max_batch_size", "batch_lookahead",
                         "max_queue", "max_connections", "max_frame_size")
-        never_negative = ("claim_idle_ms", "threads_per_session", "max_batch_tokens",
+        never_negative = ("claim_idle_ms", "sim_scale", "sim_launch_ms", "threads_per_session",
+                          "max_batch_tokens",
                           "max_queue_delay_ms", "request_timeout_ms", "idle_timeout_s",
                           "frame_timeout_s", "auth_timeout_s",
                           "max_question_chars", "max_context_chars", "max_texts",

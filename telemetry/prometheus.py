@@ -77,6 +77,7 @@ class ServerCollector(Collector):
                               "was written", stats.request_time)
         yield from _model_families(snap.get("models", {}), per_model)
         yield from _worker_families(snap.get("workers", []))
+        yield from _device_share(snap.get("devices", {}))
         if "broker" in snap:
             yield from _broker_families(snap["broker"])
         yield from self.gpus.collect()
@@ -156,6 +157,16 @@ def _worker_families(workers: list[dict[str, Any]]) -> Iterator[Metric]:
         device_batches.add_metric([device], n)
         device_busy.add_metric([device], seconds)
     yield from (up, held, restarts, batches, busy, device_batches, device_busy)
+
+
+def _device_share(devices: dict[str, dict[str, float]]) -> Iterator[Metric]:
+    """Each device's busy fraction, where its engine knows it (``stats``' ``devices``)."""
+    share = GaugeMetricFamily(f"{PREFIX}_device_busy_ratio", "Busy fraction of each device "
+                              "over about the last 10 s, where its engine knows it (the sim "
+                              "engine)", labels=["device"])
+    for device, entry in devices.items():
+        share.add_metric([device], entry["device_busy"])
+    yield share
 
 
 def _broker_families(broker: dict[str, Any]) -> Iterator[Metric]:

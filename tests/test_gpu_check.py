@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bench.cost_curve import (
+from engines.cost_curve import (
     LENGTHS,
     ROWS,
     SCHEMA,

@@ -15,6 +15,7 @@ from typing import Any
 from engines import load_engine
 from engines.base import Engine
 from engines.model_dir import ModelInfo
+from engines.sim_device import SimSettings
 from protocol.errors import ShuttingDown
 from protocol.messages import ModelRequest
 from scheduling.cost_model import CostModel
@@ -64,6 +65,7 @@ def describe_serving(policy: BatchPolicy, engine: Engine | None) -> dict[str, An
         out["engine"] = {"type": engine.name, "device": engine.device,
                          "precision": engine.precision, "description": engine.describe(),
                          "device_bound": engine.device_bound,
+                         "device_busy": engine.device_busy(),
                          "encodes_release_gil": releases_gil()}
     return out
 
@@ -78,7 +80,10 @@ def default_engine_factory(config: ServerConfig, device: str,
                    crowded=queue.crowded, precision=config.precision,
                    graph=config.pytorch_graph, lengths=config.bucket_lengths(),
                    max_seq_len=config.max_seq_len, max_tokens=config.max_batch_tokens,
-                   onnx_cuda_graphs=config.onnx_cuda_graphs == "on")
+                   onnx_cuda_graphs=config.onnx_cuda_graphs == "on",
+                   sim=SimSettings(curve=config.sim_cost_curve, scale=config.sim_scale,
+                                   launch_ms=config.sim_launch_ms,
+                                   directory=config.sim_device_dir))
 
 
 def model_label(config: ServerConfig) -> str:
@@ -202,6 +207,11 @@ class LocalBackend:
         """A serving session's engine, for describing what is served."""
         return self.pool.engine if self.pool is not None else None
 
+    def device_busy(self) -> float | None:
+        """The engine's device's busy fraction of late, where the engine knows it."""
+        engine = self.engine
+        return engine.device_busy() if engine is not None else None
+
     def purge(self, drop: Callable[[WorkItem], bool]) -> list[WorkItem]:
         """Remove and return the queued items for which ``drop`` is true (unanswered)."""
         return self.queue.purge(drop)
@@ -211,6 +221,7 @@ class LocalBackend:
         its batch figures (the shape ProcessBackend.worker_figures gives per process)."""
         figures = self.stats.batch_figures()
         figures["queue_depth"] = self.queue_depth
+        figures["device_busy"] = self.device_busy()
         engine = self.describe().get("engine", {})
         return [{"worker": 0, "pid": os.getpid(), "device": engine.get("device", self.device),
                  "state": "serving" if self.ready else "starting",

@@ -180,6 +180,7 @@ class PipeReader(threading.Thread):
             elif kind == "stats":
                 figures = self.stats.batch_figures()
                 figures["queue_depth"] = backend.queue_depth
+                figures["device_busy"] = backend.device_busy()
                 self.outbox.post(("stats", message[1], figures))
 
     def _end(self, why: str, orphaned: bool) -> None:

@@ -1,7 +1,7 @@
 """The GPU cost curve: what one engine run costs per batch shape, as bench/gpu_check.sh measures
 it, and the loader and validator that a simulated device imports. Standard library only.
 
-    from bench.cost_curve import load_cost_curve
+    from engines.cost_curve import load_cost_curve
 
     curve = load_cost_curve("bench/results/cost_curve.json")     # CostCurveError if malformed
     variant = curve.variants()[0]            # Variant(engine, device, precision, graph)

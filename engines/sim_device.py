@@ -1,0 +1,225 @@
+"""A simulated GPU: what one batch costs on a real one (its cost curve), scaled to this machine,
+with the device's time taken in turns by every process that uses the same device id.
+
+    device = SimDevice(index=0, settings=SimSettings())
+    device.launch(rows=8, length=256)     # host CPU for the launch, on this thread, GIL released
+    seconds = device.run(rows=8, length=256)   # waits its turn, then the device time, slept
+    device.busy_share()                   # the device's busy fraction over the last seconds
+
+What it costs (engines/cost_curve.py's file; by default the one the GPU check wrote on an H200):
+
+- **device time per run**: the curve's median wall time of the smallest measured shape that holds
+  the batch (the server pads to its length buckets; beyond the grid, in proportion to tokens),
+  divided by ``scale``;
+- **host CPU per run**: ``launch_ms``, burnt on the calling thread in a hash over a buffer, which
+  releases the GIL, as a CUDA launch and copy do;
+- **turns**: the device time is spent holding an exclusive ``flock`` on the device's file, so the
+  processes of one server that use device id N take turns, as CUDA contexts do without MPS.
+  The file also holds the device's total busy seconds, which every process adds to and reads.
+
+``scale``: how fast the device is, against the one measured. ``auto`` makes it as fast, against
+this machine's cores, as the measured GPU was against its machine's (16 cores): on 2 cores it is
+2/16 of that GPU, so a simulated run takes 8 times the measured one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import mmap
+import os
+import struct
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from engines.cost_curve import CostCurve, Variant, load_cost_curve
+
+#: The cost curve the simulated device follows unless told otherwise: the GPU check's grid on
+#: one H200 (2026-11-26, bert-base-sized, PyTorch fp16; docs/benchmarks.md).
+DEFAULT_CURVE = Path(__file__).resolve().parent / "data" / "cost_curve_h200.json"
+#: Where the server's processes find their simulated devices' files (server.py sets it once for
+#: all its processes); without it, each process has devices of its own.
+DIR_ENV = "QA_SIM_DEVICE_DIR"
+#: The device file: total busy seconds, then the time (monotonic clock) it was created.
+_LAYOUT = struct.Struct("dd")
+#: How far back the busy share looks.
+BUSY_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """How the simulated device behaves: its cost curve (a file; None: DEFAULT_CURVE), its speed
+    against the measured GPU (``scale``; 0: ``auto``), the host CPU per run (``launch_ms``), and
+    the folder of its device files (None: DIR_ENV, else a folder of this process's own)."""
+
+    curve: str | None = None
+    scale: float = 0.0
+    launch_ms: float = 0.1
+    directory: str | None = None
+
+
+def device_index(device: str) -> int:
+    """The simulated device id of a device name: ``cuda:N`` or ``sim:N`` is N; else 0.
+
+    Raises:
+        ValueError: an index that is not a non-negative integer.
+    """
+    _, _, index = device.partition(":")
+    if not index:
+        return 0
+    if not index.isdigit():
+        raise ValueError(f"a simulated device is named like cuda:0 or sim:0; got {device!r}")
+    return int(index)
+
+
+class SimDevice:
+    """One simulated GPU as seen by one process (module docstring)."""
+
+    def __init__(self, index: int, settings: SimSettings) -> None:
+        self.index = index
+        self.settings = settings
+        self.curve = load_cost_curve(settings.curve or DEFAULT_CURVE)
+        self.variant = _gpu_variant(self.curve)
+        measured_cores = int(self.curve.data["machine"].get("cores") or 16)
+        self.scale = settings.scale or (os.cpu_count() or 1) / measured_cores
+        self.path = Path(settings.directory or _shared_dir()) / f"sim-device-{index}"
+        self._fd, self._map = _open_device_file(self.path)
+        self._burn = HostBurner()
+        self._samples: deque[tuple[float, float]] = deque(maxlen=256)
+        self._samples.append((time.monotonic(), self.busy_s()))
+
+    def device_ms(self, rows: int, length: int) -> float:
+        """Device milliseconds one run of ``rows`` x ``length`` takes here (after the scale)."""
+        grid_rows, grid_lengths = self.curve.data["rows"], self.curve.data["lengths"]
+        fit_rows, fit_length = min(rows, grid_rows[-1]), min(length, grid_lengths[-1])
+        cell = self.curve.lookup(self.variant, fit_rows, fit_length)
+        beyond = (rows / fit_rows) * (length / fit_length)  # past the grid: by tokens
+        return cell.wall_ms_median * beyond / self.scale
+
+    def launch(self) -> None:
+        """Spend the host CPU of one run's launch on this thread, with the GIL released."""
+        self._burn.burn(self.settings.launch_ms / 1e3)
+
+    def run(self, rows: int, length: int) -> float:
+        """Wait for the device, then keep it busy for one run's device time; returns that time
+        in seconds (what CUDA events would give)."""
+        seconds = self.device_ms(rows, length) / 1e3
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            time.sleep(seconds)
+            busy, created = _LAYOUT.unpack_from(self._map, 0)
+            _LAYOUT.pack_into(self._map, 0, busy + seconds, created)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        now = time.monotonic()
+        if now - self._samples[-1][0] >= 0.1:
+            self._samples.append((now, self.busy_s()))
+        return seconds
+
+    def busy_s(self) -> float:
+        """The device's total busy seconds, over every process that uses it."""
+        return float(_LAYOUT.unpack_from(self._map, 0)[0])
+
+    def busy_share(self) -> float:
+        """The device's busy fraction over about the last BUSY_WINDOW_S seconds, every
+        process's runs counted (over a longer span where this process took no sample within
+        it at least half a second old; since the device's file was made, before any)."""
+        now, busy = time.monotonic(), self.busy_s()
+        start = next(((t, b) for t, b in self._samples if now - BUSY_WINDOW_S <= t <= now - 0.5),
+                     None)
+        if start is None:
+            older = [(t, b) for t, b in self._samples if t < now - BUSY_WINDOW_S]
+            created = float(_LAYOUT.unpack_from(self._map, 0)[1])
+            start = older[-1] if older else (created, 0.0)
+        self._samples.append((now, busy))
+        then, busy_then = start
+        return min(1.0, max(0.0, (busy - busy_then) / max(now - then, 1e-6)))
+
+    def describe(self) -> str:
+        """``simulated cuda:0 at 0.125 x pytorch cuda:0 fp16 cudagraphs (NVIDIA H200)``."""
+        gpu = self.curve.data["machine"].get("gpu") or "unknown GPU"
+        return (f"simulated device {self.index} at {self.scale:.3g} x {self.variant.label()} "
+                f"({gpu}), launch {self.settings.launch_ms:g} ms host CPU per run")
+
+    def close(self) -> None:
+        """Let go of the device file (it stays for the other processes)."""
+        self._map.close()
+        os.close(self._fd)
+
+
+class HostBurner:
+    """Burns host CPU for a given time on the calling thread without holding the GIL: hashing
+    a buffer, which CPython does with the GIL released, sized by a rate measured once."""
+
+    _BUFFER = bytes(1 << 20)
+    _rate: float | None = None  # bytes hashed per second, measured once per process
+    _lock = threading.Lock()
+
+    def burn(self, seconds: float) -> None:
+        """Hash about ``seconds`` worth of bytes."""
+        if seconds <= 0:
+            return
+        left = int(self.rate() * seconds)
+        view = memoryview(self._BUFFER)
+        while left > 0:
+            hashlib.sha1(view[:min(left, len(view))]).digest()
+            left -= len(view)
+
+    @classmethod
+    def rate(cls) -> float:
+        """Bytes per second this machine hashes (the best of five timings of the buffer)."""
+        with cls._lock:
+            if cls._rate is None:
+                best = min(_time_hash(cls._BUFFER) for _ in range(5))
+                cls._rate = len(cls._BUFFER) / max(best, 1e-6)
+            return cls._rate
+
+
+def _time_hash(buffer: bytes) -> float:
+    started = time.perf_counter()
+    hashlib.sha1(buffer).digest()
+    return time.perf_counter() - started
+
+
+def _gpu_variant(curve: CostCurve) -> Variant:
+    """The curve's first variant measured on a GPU (the GPU check measures CUDA graphs first).
+
+    Raises:
+        ValueError: the curve has no GPU variant.
+    """
+    for variant in curve.variants():
+        if variant.device.startswith("cuda"):
+            return variant
+    raise ValueError("this cost curve has no cells measured on a GPU (cuda:N): a simulated "
+                     "device follows a GPU's costs")
+
+
+_own_dir: str | None = None
+
+
+def _shared_dir() -> str:
+    """DIR_ENV's folder, else one made for this process (its devices are its own)."""
+    global _own_dir
+    if os.environ.get(DIR_ENV):
+        return os.environ[DIR_ENV]
+    if _own_dir is None:
+        _own_dir = tempfile.mkdtemp(prefix="qa-sim-")
+    return _own_dir
+
+
+def _open_device_file(path: Path) -> tuple[int, mmap.mmap]:
+    """The device file, created (zero busy seconds, created now) by whoever comes first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        if os.fstat(fd).st_size < _LAYOUT.size:
+            os.ftruncate(fd, _LAYOUT.size)
+            os.pwrite(fd, _LAYOUT.pack(0.0, time.monotonic()), 0)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    return fd, mmap.mmap(fd, _LAYOUT.size)

@@ -1,0 +1,64 @@
+"""An engine that costs what a GPU costs, on any machine: the zero engine's random outputs of the
+right shape, after the host CPU of a launch and a simulated device's time (engines/sim_device.py).
+
+``--inference_engine_type sim`` serves with it, laid out as on a GPU box: its device is
+``cuda:N``'s simulated device N (``--cuda_devices`` gives several), it is device-bound (batches
+fill up to the token budget), and its cost model learns from the device's time. Its answers are
+random, so it serves nobody: it is for tests and for benchmarks of the GPU layout on machines
+without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from engines.sim_device import SimDevice, SimSettings, device_index
+from engines.zero_engine import ZeroEngine
+
+SIM_ENGINE_WARNING = ("THIS SERVER'S ANSWERS ARE NOT MEANINGFUL: --inference_engine_type sim "
+                      "runs no model; it answers from random logits after a simulated GPU's "
+                      "time. It is for tests and benchmarks of the GPU layout, and serves nobody.")
+
+
+class SimEngine(ZeroEngine):
+    """Random outputs of the batch's shape, each run costing one launch's host CPU (GIL
+    released) and its turn on simulated device ``device_index(device)``.
+
+    Args:
+        model_dir: A prepared model folder; only its serving.json is read.
+        device: ``cuda:N`` or ``sim:N`` (N: the simulated device id; ``auto``, ``cuda``: 0).
+        settings: The device's cost curve, scale, launch cost and files.
+    """
+
+    name = "sim"
+    device_bound = True
+
+    def __init__(self, model_dir: str | Path, *, device: str = "auto",
+                 settings: SimSettings | None = None) -> None:
+        super().__init__(model_dir)
+        self.sim = SimDevice(device_index(device), settings or SimSettings())
+        self.device = f"sim:{self.sim.index}"
+        self.precision = self.sim.variant.precision
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One batch: the launch, the device's turn, then random outputs; ``device_s`` is the
+        device time of the run."""
+        rows, length = next(iter(feeds.values())).shape
+        self.sim.launch()
+        self.device_s = self.sim.run(rows, length)
+        return super().run(feeds)
+
+    def device_busy(self) -> float | None:
+        """The simulated device's busy fraction of late, every process's runs counted."""
+        return self.sim.busy_share()
+
+    def describe(self) -> str:
+        """Says plainly that no model runs, and what the device follows."""
+        return f"sim engine (random logits, no model) on {self.sim.describe()}"
+
+    def close(self) -> None:
+        """Let go of the device file."""
+        self.sim.close()

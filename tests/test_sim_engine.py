@@ -1,0 +1,162 @@
+"""The simulated GPU (--inference_engine_type sim): its costs follow the cost curve, processes
+on one device id take turns, and a server lays itself out on simulated devices as on GPUs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from client import Client
+from engines import load_engine
+from engines.cost_curve import load_cost_curve
+from engines.sim_device import DEFAULT_CURVE, SimDevice, SimSettings, device_index
+from server import InferenceServer, ServerConfig
+from tests.helpers import CONTEXTS, QUESTIONS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def feeds(engine: object, rows: int, length: int) -> dict[str, np.ndarray]:
+    return {name: np.ones((rows, length), np.int64) for name in engine.input_names}  # type: ignore[attr-defined]
+
+
+def test_a_run_costs_the_curve_s_device_time_scaled_with_outputs_of_the_batch_s_shape(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    settings = SimSettings(scale=4.0, launch_ms=0.0, directory=str(tmp_path))
+    engine = load_engine("sim", tiny_model_dir, device="cuda:3", sim=settings)
+    try:
+        curve = load_cost_curve(DEFAULT_CURVE)
+        variant = curve.variants()[0]
+        assert (engine.device, engine.device_bound, engine.precision) == ("sim:3", True, "fp16")
+        assert "no model" in engine.describe() and "NVIDIA H200" in engine.describe()
+        outputs = engine.run(feeds(engine, 5, 100))  # padded to the 8 x 128 cell
+        assert {k: v.shape for k, v in outputs.items()} == \
+            {"start_logits": (5, 100), "end_logits": (5, 100)}
+        cell = curve.lookup(variant, 8, 128)
+        assert engine.device_s == pytest.approx(cell.wall_ms_median / 4.0 / 1e3)
+        assert engine.sim.busy_s() == pytest.approx(engine.device_s)
+    finally:
+        engine.close()
+
+
+def test_past_the_grid_a_run_costs_in_proportion_to_its_tokens(tmp_path: Path) -> None:
+    device = SimDevice(0, SimSettings(scale=1.0, directory=str(tmp_path)))
+    try:
+        assert device.device_ms(128, 384) == pytest.approx(2 * device.device_ms(64, 384))
+        assert device.device_ms(64, 768) == pytest.approx(2 * device.device_ms(64, 384))
+        assert device.device_ms(3, 70) == device.device_ms(4, 128)  # padded up within it
+    finally:
+        device.close()
+
+
+def test_auto_scale_is_this_machine_s_cores_over_the_measured_one_s(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    device = SimDevice(0, SimSettings(directory=str(tmp_path)))
+    try:
+        assert device.scale == pytest.approx(2 / 16)
+        assert "0.125 x pytorch cuda:0 fp16 cudagraphs" in device.describe()
+    finally:
+        device.close()
+
+
+def test_device_names_give_their_ids_and_a_bad_one_is_refused() -> None:
+    assert [device_index(d) for d in ("auto", "cuda", "cuda:2", "sim:5")] == [0, 0, 2, 5]
+    with pytest.raises(ValueError, match="cuda:0 or sim:0"):
+        device_index("cuda:x")
+
+
+def test_a_curve_without_a_gpu_variant_is_refused(tmp_path: Path) -> None:
+    data = json.loads(DEFAULT_CURVE.read_text())
+    for entry in data["cells"]:
+        entry["device"] = "cpu"
+    path = tmp_path / "cpu_only.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="no cells measured on a GPU"):
+        SimDevice(0, SimSettings(curve=str(path), directory=str(tmp_path)))
+
+
+#: A child process: waits for a common start, runs the device ``runs`` times, prints its span.
+CHILD = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+from engines.sim_device import SimDevice, SimSettings
+device = SimDevice({index}, SimSettings(scale={scale}, launch_ms=0.0, directory={folder!r}))
+while time.monotonic() < {start}:
+    time.sleep(0.001)
+began = time.monotonic()
+for _ in range({runs}):
+    device.run(64, 384)
+print(json.dumps([began, time.monotonic(), device.device_ms(64, 384) / 1e3]))
+"""
+
+
+def run_pair(folder: Path, indices: tuple[int, int], runs: int = 10) -> tuple[float, float]:
+    """Two processes on these device ids, started together: (their joint span, one's device
+    seconds)."""
+    scale = 0.5  # 64 x 384: about 26 ms a run
+    start = time.monotonic() + 4.0  # both processes are up by then
+    children = [subprocess.Popen([sys.executable, "-c", CHILD.format(
+        root=str(ROOT), index=i, scale=scale, folder=str(folder), start=start, runs=runs)],
+        stdout=subprocess.PIPE, text=True) for i in indices]
+    spans = [json.loads(child.communicate(timeout=120)[0]) for child in children]
+    return max(s[1] for s in spans) - min(s[0] for s in spans), runs * spans[0][2]
+
+
+def test_processes_on_one_device_take_turns_and_on_two_devices_run_at_once(
+        tmp_path: Path) -> None:
+    together, device_s = run_pair(tmp_path / "one", (0, 0))
+    assert together >= 2 * device_s * 0.999  # one device: the runs never overlap
+    shared = SimDevice(0, SimSettings(directory=str(tmp_path / "one")))
+    try:
+        assert shared.busy_s() == pytest.approx(2 * device_s)  # both processes' time, summed
+    finally:
+        shared.close()
+    apart, device_s = run_pair(tmp_path / "two", (0, 1))
+    assert apart < 1.6 * device_s  # two devices: side by side
+
+
+def test_a_server_on_two_simulated_devices_reports_each_one_s_busy_share(
+        tiny_model_dir: Path) -> None:
+    config = ServerConfig(port=0, model_dir=str(tiny_model_dir), inference_engine_type="sim",
+                          workers=2, cuda_devices="0,1", num_inference_sessions=1,
+                          metrics_port=0, sim_scale=1.0)
+    with InferenceServer(config) as srv, Client(*srv.address) as client:
+        futures = [client.submit(q, c) for q, c in zip(QUESTIONS * 4, CONTEXTS * 4)]
+        for future in futures:
+            assert set(client.wait(future, 60)) == {"answer", "score", "start", "end"}
+        stats = client.stats(timeout=30)
+        assert stats["model"]["meaningful"] is False and "sim" in stats["model"]["warning"]
+        assert sorted(w["device"] for w in stats["workers"]) == ["sim:0", "sim:1"]
+        assert set(stats["devices"]) == {"sim:0", "sim:1"}
+        assert all(0 < d["device_busy"] <= 1 for d in stats["devices"].values())
+        host, port = srv.metrics_address
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        busy = {s.labels["device"]: s.value for f in text_string_to_metric_families(text)
+                for s in f.samples if s.name == "qa_server_device_busy_ratio"}
+        assert set(busy) == {"sim:0", "sim:1"}
+        folder = Path(srv.config.sim_device_dir)
+        assert sorted(p.name for p in folder.iterdir()) == ["sim-device-0", "sim-device-1"]
+    assert not folder.exists()  # the server's own folder goes with it
+
+
+def test_a_one_process_sim_server_fills_its_batches_under_load(tiny_model_dir: Path) -> None:
+    config = ServerConfig(port=0, model_dir=str(tiny_model_dir), inference_engine_type="sim",
+                          num_inference_sessions=1, max_batch_size=8, sim_scale=0.5)
+    with InferenceServer(config) as srv, Client(*srv.address) as client:
+        futures = [client.submit(q, c) for q, c in zip(QUESTIONS * 8, CONTEXTS * 8)]
+        for future in futures:
+            client.wait(future, 60)
+        stats = client.stats(timeout=30)
+        assert stats["engine"]["device_bound"] is True and stats["engine"]["type"] == "sim"
+        assert stats["mean_batch_size"] > 2  # the device is dear and requests waited
+        assert "sim:0" in stats["devices"]
