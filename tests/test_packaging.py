@@ -54,9 +54,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def code_files() -> set[str]:
     """Every file the programs may load: the top-level modules (not setup.py, which builds),
     every .py file of every code folder (any folder holding .py files, but the tests), and the
-    shipped request mix."""
+    shipped request mix and cost curve."""
     files = {p.name for p in ROOT.glob("*.py") if p.name != "setup.py"}
-    files |= {"bench/data/qa_pairs.jsonl"}
+    files |= {"bench/data/qa_pairs.jsonl", "engines/data/cost_curve_h200.json"}
     for folder in ROOT.iterdir():
         if folder.is_dir() and not _skipped(str(ROOT), [folder.name]):
             files |= {p.relative_to(ROOT).as_posix() for p in folder.rglob("*.py")
