@@ -160,3 +160,23 @@ def test_a_one_process_sim_server_fills_its_batches_under_load(tiny_model_dir: P
         assert stats["engine"]["device_bound"] is True and stats["engine"]["type"] == "sim"
         assert stats["mean_batch_size"] > 2  # the device is dear and requests waited
         assert "sim:0" in stats["devices"]
+
+
+def test_the_sim_layouts_benchmark_gives_each_layout_s_figures_against_the_device(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sim.json"
+    done = subprocess.run(
+        [sys.executable, "bench/sim_layouts.py", "--model_dir", str(tiny_model_dir),
+         "--layouts", "one=", "two=--workers 2", "--rounds", "1", "--seconds", "1",
+         "--one_client", "5", "--sessions", "1", "--sim_scale", "1", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["ceilings"]["capacity_rps"] > 0 and record["ceilings"]["alone_device_ms"] > 0
+    assert [row["layout"] for row in record["rows"]] == ["one", "two"]
+    for row in record["rows"]:
+        assert row["throughput_rps"] > 0 and not row["errors"]
+        assert 0 < row["device_busy"] <= 1.01 and row["mean_batch"] >= 1
+        assert row["of_capacity"] == pytest.approx(
+            row["throughput_rps"] / record["ceilings"]["capacity_rps"])
+    assert "| one |" in done.stdout and "| two |" in done.stdout
