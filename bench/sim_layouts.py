@@ -78,8 +78,9 @@ def measure_layout(name: str, flags: str, pairs: list[tuple[str, str]],
         proc, port = start_server("sim", args.model_dir, args.sessions, server_flags,
                                   timeout_s=120)
         try:
-            one = run_closed_loop("127.0.0.1", port, clients=1, requests_per_client=args.one_client,
-                                  pairs=pairs, warmup=4, progress=False)
+            one = run_closed_loop("127.0.0.1", port, clients=1,
+                                  requests_per_client=args.one_client, pairs=pairs, warmup=4,
+                                  progress=False)
             load = {"connections": args.connections, "pipeline": args.pipeline,
                     "processes": args.processes}
             run_pipelined("127.0.0.1", port, pairs, seconds=2.0, **load)  # warm-up
@@ -118,20 +119,24 @@ def measure_rounds(args: argparse.Namespace, pairs: list[tuple[str, str]],
     return rows
 
 
+#: The table's figures, in its column order, with their formats.
+COLUMNS = (("throughput_rps", ".0f"), ("of_capacity", ".2f"), ("device_busy", ".2f"),
+           ("mean_batch", ".1f"), ("p50_ms", ".2f"), ("over_ceiling_ms", "+.2f"))
+
+
 def report(rows: list[dict[str, Any]], layouts: list[tuple[str, str]]) -> str:
     """Each layout's medians over the rounds, with the lowest and highest."""
-    lines = ["| layout | req/s | of capacity | device busy | mean batch | p50 ms | over ceiling ms |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| layout | req/s | of capacity | device busy | mean batch | p50 ms "
+             "| over ceiling ms |", "|---|---:|---:|---:|---:|---:|---:|"]
+    def cell(mine: list[dict[str, Any]], key: str, fmt: str) -> str:
+        values = [r[key] for r in mine]
+        return (f"{format(statistics.median(values), fmt)} "
+                f"({format(min(values), fmt)}–{format(max(values), fmt)})")
+
     for name, _ in layouts:
         mine = [r for r in rows if r["layout"] == name]
-
-        def cell(key: str, fmt: str) -> str:
-            values = [r[key] for r in mine]
-            return (f"{format(statistics.median(values), fmt)} "
-                    f"({format(min(values), fmt)}–{format(max(values), fmt)})")
-        lines.append(f"| {name} | {cell('throughput_rps', '.0f')} | {cell('of_capacity', '.2f')} "
-                     f"| {cell('device_busy', '.2f')} | {cell('mean_batch', '.1f')} | "
-                     f"{cell('p50_ms', '.2f')} | {cell('over_ceiling_ms', '+.2f')} |")
+        cells = [cell(mine, key, fmt) for key, fmt in COLUMNS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
