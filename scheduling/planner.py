@@ -8,7 +8,11 @@
   its requests one by one (so on hardware where batching does not pay it serves batch 1);
   ``fixed`` fills up to the caps; ``off`` takes one request;
 * ``fill`` (a device-bound engine, a GPU: engines/base.py): ``auto`` fills up to the caps as
-  ``fixed`` does, whatever the cost model says;
+  ``fixed`` does, with one exception where the cost model has estimates (the device's own
+  times): a request that would pad the whole batch to a longer length joins only if that is
+  no dearer than running it apart. Requests no longer than the batch always join, so batches
+  never shrink for it; a long request waits at most until it is the oldest, and then leads a
+  batch of its own length;
 * the queue delay (from the oldest request's arrival) is spent only when waiting can help: a
   bigger batch would be cheaper per request, other sessions are busy (real load), and requests
   are arriving fast enough that one is expected before the delay runs out.
@@ -78,7 +82,7 @@ def plan_batch(waiting: Sequence[Waiting], policy: BatchPolicy) -> list:
     chosen, rows, length = [oldest], oldest.rows, oldest.length
     others = list(itertools.islice(waiting, 1, policy.lookahead))
     others.sort(key=lambda item: abs(item.length - oldest.length))  # stable: FIFO among equals
-    estimate = _Estimates(policy.cost) if policy.judged else None
+    estimate = _Estimates(policy.cost) if policy.mode == "auto" else None
     # Whether a request may join depends only on its shape and the batch so far: a shape
     # refused stays refused until the batch grows, so a long queue is judged once per shape.
     refused: set[tuple[int, int]] = set()
@@ -90,17 +94,30 @@ def plan_batch(waiting: Sequence[Waiting], policy: BatchPolicy) -> list:
             continue
         new_rows, new_length = rows + item.rows, max(length, item.length)
         if (policy.max_tokens and new_rows * new_length > policy.max_tokens) or (
-                estimate is not None and not estimate.no_dearer(new_rows, new_length,
-                                                                [(rows, length), shape])):
+                estimate is not None and _dearer(estimate, policy, (rows, length), shape)):
             refused.add(shape)  # over the token cap, or dearer together than on its own
             continue
         chosen.append(item)
         rows, length = new_rows, new_length
         refused.clear()
-    if estimate is not None and len(chosen) > 1 and not estimate.no_dearer(
+    if policy.judged and estimate is not None and len(chosen) > 1 and not estimate.no_dearer(
             rows, length, [(i.rows, i.length) for i in chosen], MIN_GAIN):
         return [oldest]  # not clearly cheaper than running them one by one
     return chosen
+
+
+def _dearer(estimate: _Estimates, policy: BatchPolicy, batch: tuple[int, int],
+            shape: tuple[int, int]) -> bool:
+    """Whether a request of ``shape`` must stay out of ``batch`` (rows, padded length) because
+    the batch with it is predicted dearer than the two apart (``auto`` only): always asked
+    without ``fill``; with it only for a request that lengthens the batch, and only with
+    estimates for all three (without them it joins)."""
+    together = (batch[0] + shape[0], max(batch[1], shape[1]))
+    if policy.judged:
+        return not estimate.no_dearer(*together, [batch, shape])
+    if shape[1] <= batch[1] or None in (estimate(*together), estimate(*batch), estimate(*shape)):
+        return False
+    return not estimate.no_dearer(*together, [batch, shape])
 
 
 class _Estimates:

@@ -81,6 +81,25 @@ def test_a_device_bound_engine_fills_batches_to_the_token_budget_whatever_the_co
                          waiting[:1], 1, busy=1, arrival_rate=1000.0, now=100.002) == 0.0
 
 
+def test_a_device_bound_batch_takes_a_longer_request_only_where_its_padding_pays() -> None:
+    # a GPU's costs: a fixed launch, then tokens cheap (the H200's curve: 32 x 64 costs 1.5 ms,
+    # 32 x 384 6.6 ms, 1 x 384 0.9 ms)
+    gpu = CostModel()
+    for rows in (1, 2, 4, 8, 16, 32):
+        for length in (64, 128, 384):
+            gpu.observe(rows, length, (0.8 + 0.0005 * rows * length) / 1000, warmup=True)
+    short = [Waiting(1, 64) for _ in range(20)]
+    long = [Waiting(1, 384) for _ in range(10)]
+    filled = BatchPolicy(mode="auto", max_items=32, cost=gpu, fill=True)
+    # led by a short request: every short one, no long one (20 x 384 would cost far more)
+    assert plan_batch(short[:1] + long + short[1:], filled) == short
+    # led by a long one: the long ones, then the short ones, which pad to nothing more
+    assert plan_batch(long[:1] + short + long[1:], filled) == long + short
+    # without the device's costs it fills as before, whatever the lengths
+    assert len(plan_batch(short[:1] + long + short[1:],
+                          BatchPolicy(mode="auto", max_items=32, fill=True))) == 30
+
+
 def one_by_one_plan(waiting: list[Waiting], policy: BatchPolicy) -> list[Waiting]:
     """The planner's rule, asked of the cost model request by request (no shortcuts)."""
     oldest = waiting[0]
@@ -92,12 +111,19 @@ def one_by_one_plan(waiting: list[Waiting], policy: BatchPolicy) -> list[Waiting
         new_rows, new_length = rows + item.rows, max(length, item.length)
         if policy.max_tokens and new_rows * new_length > policy.max_tokens:
             continue
-        if policy.mode == "auto" and not cheaper_together(
+        judged = policy.mode == "auto" and not policy.fill
+        if judged and not cheaper_together(
                 policy.cost, (rows, length), [(item.rows, item.length)], 0.0):
             continue
+        shapes = [(new_rows, new_length), (rows, length), (item.rows, item.length)]
+        if policy.fill and policy.mode == "auto" and item.length > length and all(
+                policy.cost is not None and policy.cost.estimate(*shape) is not None
+                for shape in shapes) and not cheaper_together(
+                policy.cost, (rows, length), [(item.rows, item.length)], 0.0):
+            continue  # it would pad the batch longer, at a predicted loss
         chosen.append(item)
         rows, length = new_rows, new_length
-    if policy.mode == "auto" and len(chosen) > 1 and not cheaper_together(
+    if policy.mode == "auto" and not policy.fill and len(chosen) > 1 and not cheaper_together(
             policy.cost, None, [(i.rows, i.length) for i in chosen], MIN_GAIN):
         return [oldest]
     return chosen
@@ -113,16 +139,16 @@ OBSERVATIONS = st.lists(st.tuples(st.sampled_from([1, 2, 4, 8, 16]), LENGTHS,
 @given(shapes=st.lists(st.tuples(st.integers(1, 3), LENGTHS), min_size=1, max_size=80),
        observed=OBSERVATIONS, mode=st.sampled_from(["auto", "fixed", "off"]),
        cap=st.integers(1, 40), max_tokens=st.sampled_from([None, 512, 2048, 8192]),
-       lookahead=st.integers(1, 128))
+       lookahead=st.integers(1, 128), fill=st.booleans())
 def test_plans_match_the_rule_asked_request_by_request(
         shapes: list[tuple[int, int]], observed: list[tuple[int, int, float]], mode: str,
-        cap: int, max_tokens: int | None, lookahead: int) -> None:
+        cap: int, max_tokens: int | None, lookahead: int, fill: bool) -> None:
     cost = CostModel()
     for rows, length, seconds in observed:
         cost.observe(rows, length, seconds)
     waiting = [Waiting(rows, length) for rows, length in shapes]
     policy = BatchPolicy(mode=mode, max_items=cap, max_tokens=max_tokens, lookahead=lookahead,
-                         cost=cost)
+                         cost=cost, fill=fill)
     assert plan_batch(waiting, policy) == one_by_one_plan(waiting, policy)
 
 
