@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -45,8 +46,10 @@ FIGURES = ("alone_ms", "p50_ms", "over_alone_ms", "clients_mean_batch", "saturat
 
 def one_round(engine: Any, model_dir: str, port: int, pairs: list[tuple[str, str]],
               sampler: NvmlSampler, args: argparse.Namespace) -> dict[str, Any]:
-    """One round's figures (module docstring's order)."""
-    alone = request_at_batch_1(engine, model_dir, args.request_runs)["p50_ms"]
+    """One round's figures (module docstring's order; without an engine, no request alone:
+    its figures are NaN)."""
+    alone = request_at_batch_1(engine, model_dir, args.request_runs)["p50_ms"] \
+        if engine is not None else float("nan")
     one = run_closed_loop("127.0.0.1", port, clients=1, requests_per_client=args.one_client,
                           pairs=pairs, warmup=4, progress=False)
     many = run_closed_loop("127.0.0.1", port, clients=args.clients,
@@ -79,11 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     from engines import load_engine
 
     model_dir = qa_model_dir(args.model_dir)
-    engine = load_engine("pytorch", model_dir, device=args.device, precision=args.precision,
-                         graph=args.graph)
-    print(f"here: {engine.describe()}", flush=True)
+    engine = None if args.no_alone else load_engine(
+        "pytorch", model_dir, device=args.device, precision=args.precision, graph=args.graph)
+    if engine is not None:
+        print(f"here: {engine.describe()}", flush=True)
     flags = ["--device", args.device, "--precision", args.precision, "--pytorch_graph",
-             args.graph, "--length_buckets", "64,128,256,384"]
+             args.graph, "--length_buckets", "64,128,256,384", *shlex.split(args.server_flags)]
     proc, port = start_server("pytorch", model_dir, args.sessions, flags, timeout_s=180)
     pairs, sampler, rounds = load_pairs(None), NvmlSampler(), []
     try:
@@ -96,13 +100,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"batch {r['saturated_mean_batch']:.1f}), errors {r['errors']}", flush=True)
     finally:
         stop_servers(proc, timeout_s=30)
-        engine.close()
+        if engine is not None:
+            engine.close()
     figures = summary(rounds)
     for name, f in figures.items():
         print(f"{name}: median {f['median']:.2f} (from {f['low']:.2f} to {f['high']:.2f})")
-    record = {"device": engine.describe(), "flags": flags, "sessions": args.sessions,
-              "clients": args.clients, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "rounds": rounds, "summary": figures}
+    record = {"device": engine.describe() if engine else args.device, "flags": flags,
+              "sessions": args.sessions, "clients": args.clients,
+              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rounds": rounds, "summary": figures}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_rounds.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
@@ -120,6 +125,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--clients", type=int, default=64, help="closed-loop clients for mean batch")
     p.add_argument("--sessions", type=int, default=2, help="the server's inference sessions")
+    p.add_argument("--server_flags", default="", help="more flags for the server, e.g. "
+                   "'--workers 4'")
+    p.add_argument("--no_alone", action="store_true",
+                   help="no engine here: skip the request alone (its figures are NaN)")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args(argv)
     args.dry = args.device == "cpu"

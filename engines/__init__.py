@@ -71,5 +71,5 @@ def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threa
     if kind == "sim":
         from engines.sim_engine import SimEngine
 
-        return SimEngine(model_dir, device=device, settings=sim)
+        return SimEngine(model_dir, device=device, settings=sim, max_tokens=max_tokens)
     raise ValueError(f"unknown engine type {kind!r}; choose from {ENGINE_TYPES}")

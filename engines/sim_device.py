@@ -9,8 +9,10 @@ with the device's time taken in turns by every process that uses the same device
 What it costs (engines/cost_curve.py's file; by default the one the GPU check wrote on an H200):
 
 - **device time per run**: the curve's median wall time of the smallest measured shape that holds
-  the batch (the server pads to its length buckets; beyond the grid, in proportion to tokens),
-  divided by ``scale``;
+  the batch, as CUDA graphs pad a batch to the shape they captured (the server pads to its
+  length buckets); where that shape is over the token budget, so that no graph holds the batch
+  and it runs unpadded, the time between the two grid row counts around it, in proportion to
+  rows; beyond the grid, in proportion to tokens; all divided by ``scale``;
 - **host CPU per run**: ``launch_ms``, burnt on the calling thread in a hash over a buffer, which
   releases the GIL, as a CUDA launch and copy do;
 - **turns**: the device time is spent holding an exclusive ``flock`` on the device's file, so the
@@ -79,9 +81,10 @@ def device_index(device: str) -> int:
 class SimDevice:
     """One simulated GPU as seen by one process (module docstring)."""
 
-    def __init__(self, index: int, settings: SimSettings) -> None:
+    def __init__(self, index: int, settings: SimSettings, max_tokens: int = 0) -> None:
         self.index = index
         self.settings = settings
+        self.max_tokens = max_tokens  # the token budget CUDA graphs are captured within
         self.curve = load_cost_curve(settings.curve or DEFAULT_CURVE)
         self.variant = _gpu_variant(self.curve)
         measured_cores = int(self.curve.data["machine"].get("cores") or 16)
@@ -98,6 +101,12 @@ class SimDevice:
         fit_rows, fit_length = min(rows, grid_rows[-1]), min(length, grid_lengths[-1])
         cell = self.curve.lookup(self.variant, fit_rows, fit_length)
         beyond = (rows / fit_rows) * (length / fit_length)  # past the grid: by tokens
+        if self.max_tokens and cell.rows * cell.length > self.max_tokens and \
+                fit_rows not in grid_rows:  # no graph holds it: it runs at its own rows
+            below = max(r for r in grid_rows if r < fit_rows)
+            low = self.curve.lookup(self.variant, below, fit_length).wall_ms_median
+            share = (fit_rows - below) / (cell.rows - below)
+            return (low + share * (cell.wall_ms_median - low)) * beyond / self.scale
         return cell.wall_ms_median * beyond / self.scale
 
     def launch(self) -> None:

@@ -31,15 +31,17 @@ class SimEngine(ZeroEngine):
         model_dir: A prepared model folder; only its serving.json is read.
         device: ``cuda:N`` or ``sim:N`` (N: the simulated device id; ``auto``, ``cuda``: 0).
         settings: The device's cost curve, scale, launch cost and files.
+        max_tokens: The token budget (``--max_batch_tokens``): a batch whose padded shape is
+            over it runs unpadded, as no CUDA graph holds it (0: none).
     """
 
     name = "sim"
     device_bound = True
 
     def __init__(self, model_dir: str | Path, *, device: str = "auto",
-                 settings: SimSettings | None = None) -> None:
+                 settings: SimSettings | None = None, max_tokens: int = 0) -> None:
         super().__init__(model_dir)
-        self.sim = SimDevice(device_index(device), settings or SimSettings())
+        self.sim = SimDevice(device_index(device), settings or SimSettings(), max_tokens)
         self.device = f"sim:{self.sim.index}"
         self.precision = self.sim.variant.precision
 

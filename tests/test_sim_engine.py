@@ -55,6 +55,13 @@ def test_past_the_grid_a_run_costs_in_proportion_to_its_tokens(tmp_path: Path) -
         assert device.device_ms(3, 70) == device.device_ms(4, 128)  # padded up within it
     finally:
         device.close()
+    budgeted = SimDevice(0, SimSettings(scale=1.0, directory=str(tmp_path)), max_tokens=16384)
+    try:  # 64 x 384 is over the budget: 40 rows run unpadded, between 32 and 64 rows' times
+        low, high = budgeted.device_ms(32, 384), budgeted.device_ms(64, 384)
+        assert budgeted.device_ms(40, 384) == pytest.approx(low + (high - low) * 8 / 32)
+        assert budgeted.device_ms(40, 256) == budgeted.device_ms(64, 256)  # 64 x 256 is not
+    finally:
+        budgeted.close()
 
 
 def test_auto_scale_is_this_machine_s_cores_over_the_measured_one_s(
