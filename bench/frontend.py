@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench import machine  # noqa: E402
 from bench.mix import load_pairs  # noqa: E402
-from bench.pipeload import run_pipelined  # noqa: E402
+from bench.pipeload import add_load_options, run_pipelined  # noqa: E402
 from bench.runs import run_closed_loop  # noqa: E402
 from bench.servers import qa_model_dir, start_server, stop_servers  # noqa: E402
 from clients.blocking import Client  # noqa: E402
@@ -221,9 +221,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "out over the workers (2 sessions: 1 worker x 2, or 2 workers x 1)")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="--workers values "
                    "to measure, one server each (1: no worker processes)")
-    p.add_argument("--connections", type=int, default=8, help="client connections")
-    p.add_argument("--pipeline", type=int, default=16, help="requests in flight per connection")
-    p.add_argument("--processes", type=int, default=2, help="load-generator processes")
+    add_load_options(p, connections=8, processes=2)
     p.add_argument("--load", choices=("lean", "client"), default="lean", help="the load "
                    "generator: lean (bench/pipeload.py, a few tens of µs of CPU per request) or "
                    "client (stress_test.py's clients, about 150 µs), on the same cores as the "

@@ -16,6 +16,7 @@ saturation, and the server's own CPU, which it reads from the server's processes
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing as mp
 import selectors
 import socket
@@ -29,6 +30,18 @@ from protocol.messages import qa_request
 
 #: Seconds to wait for the replies still owed once sending has stopped.
 DRAIN_S = 30.0
+
+
+def add_load_options(parser: argparse.ArgumentParser, *, connections: int,
+                     processes: int, pipeline: int = 16) -> None:
+    """The pipelined load's options (``--connections``, ``--pipeline``, ``--processes``), with
+    a benchmark's own defaults."""
+    parser.add_argument("--connections", type=int, default=connections,
+                        help="load connections")
+    parser.add_argument("--pipeline", type=int, default=pipeline,
+                        help="requests in flight per connection")
+    parser.add_argument("--processes", type=int, default=processes,
+                        help="load-generator processes")
 
 
 def run_pipelined(host: str, port: int, pairs: Sequence[tuple[str, str]], *, connections: int,

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from bench.figures import server_breakdown  # noqa: E402
 from bench.frontend import tokenizer_floor_us, variant  # noqa: E402
 from bench.mix import load_pairs  # noqa: E402
-from bench.pipeload import run_pipelined  # noqa: E402
+from bench.pipeload import add_load_options, run_pipelined  # noqa: E402
 from bench.raw import load_raw_task, task_requests  # noqa: E402
 from bench.runs import run_closed_loop  # noqa: E402
 from bench.servers import qa_model_dir, start_server, stop_servers  # noqa: E402
@@ -156,9 +156,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "and the capacity's full batch")
     p.add_argument("--sim_scale", type=float, default=0.0, help="the device's speed (0: auto, "
                    "this machine's cores over the measured GPU's machine's)")
-    p.add_argument("--connections", type=int, default=16, help="load connections")
-    p.add_argument("--pipeline", type=int, default=16, help="requests in flight per connection")
-    p.add_argument("--processes", type=int, default=1, help="load-generator processes")
+    add_load_options(p, connections=16, processes=1)
     p.add_argument("--json", help="write every figure to this file")
     args = p.parse_args(argv)
     args.model_dir = qa_model_dir(args.model_dir)

@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench import machine  # noqa: E402
 from bench.mix import load_pairs  # noqa: E402
+from bench.pipeload import add_load_options  # noqa: E402
 from bench.runs import run_closed_loop  # noqa: E402
 from bench.servers import start_server, stop_servers  # noqa: E402
 from clients.blocking import Client  # noqa: E402
@@ -131,9 +132,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=5.0, help="seconds of saturation per "
                    "transport and round")
     p.add_argument("--sessions", type=int, default=2, help="server --num_inference_sessions")
-    p.add_argument("--connections", type=int, default=8, help="connections at saturation")
-    p.add_argument("--pipeline", type=int, default=16, help="requests in flight per connection")
-    p.add_argument("--processes", type=int, default=2, help="load-generator processes")
+    add_load_options(p, connections=8, processes=2)
     p.add_argument("--json", help="write every figure to this file")
     return p.parse_args(argv)
 
