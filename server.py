@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NoReturn
@@ -69,9 +70,11 @@ class InferenceServer:
 
     def __init__(self, config: ServerConfig,
                  engine_factory: Callable[[], Engine] | None = None) -> None:
-        self._sim_dir: str | None = None  # the simulated devices' folder this server made
+        self._sim_dir: str | None = None  # the simulated devices' folder of this server's own
         if config.inference_engine_type == "sim" and config.sim_device_dir is None:
-            self._sim_dir = tempfile.mkdtemp(prefix="qa-sim-")  # shared by its workers
+            # named now, made by the first engine to load: shared by the worker processes
+            self._sim_dir = os.path.join(tempfile.gettempdir(),
+                                         f"qa-sim-{os.getpid()}-{uuid.uuid4().hex[:12]}")
             config = replace(config, sim_device_dir=self._sim_dir)
         self.config = config
         self.engine_factory = engine_factory

@@ -66,8 +66,9 @@ def collect_stats(config: ServerConfig, stats: ServerStats, models: ModelSet,
 
 
 def device_busy(workers: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Each device's busy fraction of late, where its engines know it (the sim engine): what
-    the workers on it report (each reads the same device, so the highest, the freshest)."""
+    """Each device's busy fraction of late, where its engines know it (the sim engine), from
+    the workers on it that answered this query (each reads the same device file; the
+    highest, as a worker that read it a moment before the others may have missed a run)."""
     out: dict[str, dict[str, float]] = {}
     for worker in workers:
         if "device_busy" in worker:

@@ -26,10 +26,12 @@ this machine's cores, as the measured GPU was against its machine's (16 cores): 
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import mmap
 import os
+import shutil
 import struct
 import tempfile
 import threading
@@ -43,11 +45,8 @@ from engines.cost_curve import CostCurve, Variant, load_cost_curve
 #: The cost curve the simulated device follows unless told otherwise: the GPU check's grid on
 #: one H200 (2026-11-26, bert-base-sized, PyTorch fp16; docs/benchmarks.md).
 DEFAULT_CURVE = Path(__file__).resolve().parent / "data" / "cost_curve_h200.json"
-#: Where the server's processes find their simulated devices' files (server.py sets it once for
-#: all its processes); without it, each process has devices of its own.
-DIR_ENV = "QA_SIM_DEVICE_DIR"
-#: The device file: total busy seconds, then the time (monotonic clock) it was created.
-_LAYOUT = struct.Struct("dd")
+#: The device file: the device's total busy seconds, over every process that used it.
+_LAYOUT = struct.Struct("d")
 #: How far back the busy share looks.
 BUSY_WINDOW_S = 10.0
 
@@ -56,7 +55,8 @@ BUSY_WINDOW_S = 10.0
 class SimSettings:
     """How the simulated device behaves: its cost curve (a file; None: DEFAULT_CURVE), its speed
     against the measured GPU (``scale``; 0: ``auto``), the host CPU per run (``launch_ms``), and
-    the folder of its device files (None: DIR_ENV, else a folder of this process's own)."""
+    the folder of its device files, which the processes that share a device share (server.py
+    makes one per server; None: a folder of this process's own, removed at its exit)."""
 
     curve: str | None = None
     scale: float = 0.0
@@ -87,11 +87,14 @@ class SimDevice:
         self.max_tokens = max_tokens  # the token budget CUDA graphs are captured within
         self.curve = load_cost_curve(settings.curve or DEFAULT_CURVE)
         self.variant = _gpu_variant(self.curve)
+        _check_whole_grid(self.curve, self.variant)
         measured_cores = int(self.curve.data["machine"].get("cores") or 16)
         self.scale = settings.scale or (os.cpu_count() or 1) / measured_cores
         self.path = Path(settings.directory or _shared_dir()) / f"sim-device-{index}"
         self._fd, self._map = _open_device_file(self.path)
         self._burn = HostBurner()
+        self._lock = threading.Lock()  # the samples: session, stats and /metrics threads
+        self._closed = False
         self._samples: deque[tuple[float, float]] = deque(maxlen=256)
         self._samples.append((time.monotonic(), self.busy_s()))
 
@@ -101,9 +104,9 @@ class SimDevice:
         fit_rows, fit_length = min(rows, grid_rows[-1]), min(length, grid_lengths[-1])
         cell = self.curve.lookup(self.variant, fit_rows, fit_length)
         beyond = (rows / fit_rows) * (length / fit_length)  # past the grid: by tokens
+        below = max((r for r in grid_rows if r < fit_rows), default=None)
         if self.max_tokens and cell.rows * cell.length > self.max_tokens and \
-                fit_rows not in grid_rows:  # no graph holds it: it runs at its own rows
-            below = max(r for r in grid_rows if r < fit_rows)
+                below is not None and fit_rows not in grid_rows:  # no graph: its own rows
             low = self.curve.lookup(self.variant, below, fit_length).wall_ms_median
             share = (fit_rows - below) / (cell.rows - below)
             return (low + share * (cell.wall_ms_median - low)) * beyond / self.scale
@@ -120,31 +123,35 @@ class SimDevice:
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             time.sleep(seconds)
-            busy, created = _LAYOUT.unpack_from(self._map, 0)
-            _LAYOUT.pack_into(self._map, 0, busy + seconds, created)
+            (busy,) = _LAYOUT.unpack_from(self._map, 0)
+            _LAYOUT.pack_into(self._map, 0, busy + seconds)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         now = time.monotonic()
-        if now - self._samples[-1][0] >= 0.1:
-            self._samples.append((now, self.busy_s()))
+        with self._lock:
+            if now - self._samples[-1][0] >= 0.1:
+                self._samples.append((now, self.busy_s()))
         return seconds
 
     def busy_s(self) -> float:
         """The device's total busy seconds, over every process that uses it."""
         return float(_LAYOUT.unpack_from(self._map, 0)[0])
 
-    def busy_share(self) -> float:
+    def busy_share(self) -> float | None:
         """The device's busy fraction over about the last BUSY_WINDOW_S seconds, every
         process's runs counted (over a longer span where this process took no sample within
-        it at least half a second old; since the device's file was made, before any)."""
-        now, busy = time.monotonic(), self.busy_s()
-        start = next(((t, b) for t, b in self._samples if now - BUSY_WINDOW_S <= t <= now - 0.5),
-                     None)
+        it at least half a second old: since the last one before it, or since this process
+        opened the device); None once closed."""
+        with self._lock:
+            if self._closed:
+                return None
+            now, busy = time.monotonic(), self.busy_s()
+            samples = list(self._samples)
+            self._samples.append((now, busy))
+        start = next(((t, b) for t, b in samples if now - BUSY_WINDOW_S <= t <= now - 0.5), None)
         if start is None:
-            older = [(t, b) for t, b in self._samples if t < now - BUSY_WINDOW_S]
-            created = float(_LAYOUT.unpack_from(self._map, 0)[1])
-            start = older[-1] if older else (created, 0.0)
-        self._samples.append((now, busy))
+            older = [(t, b) for t, b in samples if t < now - BUSY_WINDOW_S]
+            start = older[-1] if older else samples[0]
         then, busy_then = start
         return min(1.0, max(0.0, (busy - busy_then) / max(now - then, 1e-6)))
 
@@ -156,6 +163,10 @@ class SimDevice:
 
     def close(self) -> None:
         """Let go of the device file (it stays for the other processes)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         self._map.close()
         os.close(self._fd)
 
@@ -207,28 +218,43 @@ def _gpu_variant(curve: CostCurve) -> Variant:
                      "device follows a GPU's costs")
 
 
+def _check_whole_grid(curve: CostCurve, variant: Variant) -> None:
+    """Raise unless ``variant`` was measured at every shape of the grid (the GPU check skips
+    the cells its time did not reach), so that no run can find its shape missing.
+
+    Raises:
+        ValueError: naming the first shapes missing.
+    """
+    missing = [f"{rows} x {length}" for rows in curve.data["rows"]
+               for length in curve.data["lengths"] if (variant, rows, length) not in curve.cells]
+    if missing:
+        raise ValueError(f"the cost curve's {variant.label()} misses {len(missing)} shapes "
+                         f"({', '.join(missing[:4])}...): a simulated device needs the whole "
+                         "grid; run the GPU check with time for it")
+
+
 _own_dir: str | None = None
 
 
 def _shared_dir() -> str:
-    """DIR_ENV's folder, else one made for this process (its devices are its own)."""
+    """A folder of this process's own (its devices are its own), removed at its exit."""
     global _own_dir
-    if os.environ.get(DIR_ENV):
-        return os.environ[DIR_ENV]
     if _own_dir is None:
         _own_dir = tempfile.mkdtemp(prefix="qa-sim-")
+        atexit.register(shutil.rmtree, _own_dir, True)
     return _own_dir
 
 
 def _open_device_file(path: Path) -> tuple[int, mmap.mmap]:
-    """The device file, created (zero busy seconds, created now) by whoever comes first."""
+    """The device file (its folder too), created with zero busy seconds by whoever comes
+    first."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         if os.fstat(fd).st_size < _LAYOUT.size:
             os.ftruncate(fd, _LAYOUT.size)
-            os.pwrite(fd, _LAYOUT.pack(0.0, time.monotonic()), 0)
+            os.pwrite(fd, _LAYOUT.pack(0.0), 0)
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
     return fd, mmap.mmap(fd, _LAYOUT.size)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -79,6 +80,46 @@ def test_device_names_give_their_ids_and_a_bad_one_is_refused() -> None:
     assert [device_index(d) for d in ("auto", "cuda", "cuda:2", "sim:5")] == [0, 0, 2, 5]
     with pytest.raises(ValueError, match="cuda:0 or sim:0"):
         device_index("cuda:x")
+
+
+def test_a_curve_missing_shapes_is_refused_at_load(tmp_path: Path) -> None:
+    data = json.loads(DEFAULT_CURVE.read_text())
+    gone = [c for c in data["cells"] if c["graph"] == "cudagraphs" and c["rows"] == 64]
+    data["cells"] = [c for c in data["cells"] if c not in gone]
+    data["skipped"] += [{**c, "why": "not reached"} for c in gone]
+    path = tmp_path / "short.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="misses 4 shapes .64 x 64"):
+        SimDevice(0, SimSettings(curve=str(path), directory=str(tmp_path)))
+
+
+def test_the_busy_share_is_read_safely_beside_runs_and_not_after_close(tmp_path: Path) -> None:
+    device = SimDevice(0, SimSettings(scale=1000.0, launch_ms=0.0, directory=str(tmp_path)))
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                share = device.busy_share()
+                assert share is not None and 0 <= share <= 1
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failures.append(exc)
+                return
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for reader in readers:
+        reader.start()
+    until = time.monotonic() + 1.0
+    while time.monotonic() < until:  # runs add samples too; each read adds one
+        device.run(1, 64)
+    stop.set()
+    for reader in readers:
+        reader.join()
+    assert failures == []
+    device.close()
+    assert device.busy_share() is None  # a stats query racing a session's close
+    device.close()  # twice is harmless
 
 
 def test_a_curve_without_a_gpu_variant_is_refused(tmp_path: Path) -> None:

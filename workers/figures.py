@@ -20,7 +20,8 @@ def summarize_worker(worker: dict[str, Any]) -> dict[str, Any]:
         out.update(batches=figures["batches"], batch_rows=figures["batch_rows"],
                    queue_depth=figures.get("queue_depth", 0),
                    engine_seconds=engine_time.total, engine_time=engine_time.summary())
-        if figures.get("device_busy") is not None:  # the engine knows its device's busy share
+        fresh = worker.get("figures") is not None  # answered this query: not a stale share
+        if fresh and figures.get("device_busy") is not None:  # its engine knows it
             out["device_busy"] = figures["device_busy"]
     earlier = worker.get("earlier_figures")  # its slot's replaced processes (--workers N)
     if earlier is not None:

@@ -65,7 +65,6 @@ def describe_serving(policy: BatchPolicy, engine: Engine | None) -> dict[str, An
         out["engine"] = {"type": engine.name, "device": engine.device,
                          "precision": engine.precision, "description": engine.describe(),
                          "device_bound": engine.device_bound,
-                         "device_busy": engine.device_busy(),
                          "encodes_release_gil": releases_gil()}
     return out
 
@@ -117,8 +116,8 @@ def session_pool(config: ServerConfig, factory: Callable[[], Engine], task: Batc
 
 
 class LocalBackend:
-    """Tokenizes requests (by the model's task) as they are submitted and runs them on ``num_inference_sessions``
-    threads, each with its own engine.
+    """Tokenizes requests (by the model's task) as they are submitted and runs them on
+    ``num_inference_sessions`` threads, each with its own engine.
 
     Args:
         config: Serving settings.
