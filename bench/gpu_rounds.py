@@ -4,11 +4,12 @@ runs (the GPU check takes each figure once, bench/gpu_check.py).
     python3 bench/gpu_rounds.py --model_dir saved_models/bert-base-random --rounds 5 --out DIR
     python3 bench/gpu_rounds.py --device cpu --precision fp32 --model_dir DIR   # the dry run
 
-One engine is loaded here and one server.py started, with the same graph and precision. Each
-round then takes, in this order:
+One engine is loaded here (not with ``--no_alone``) and one server.py started, with the same
+graph and precision (``--server_flags`` adds to the server's, e.g. ``--workers 4``). Each round
+then takes, in this order:
 
 1. one request of the mix alone, through the whole task at batch 1 in this process (tokenizing,
-   the engine, decoding: bench/engine_grid.py's ``request_batch1``);
+   the engine, decoding: bench/engine_grid.py's ``request_batch1``; null with ``--no_alone``);
 2. the server's p50 at 1 client (closed loop);
 3. its mean batch at ``--clients`` closed-loop clients (64: issue 32's target);
 4. its requests/s at saturation under the GPU check's lean pipelined load, with NVML's figures.
@@ -47,16 +48,17 @@ FIGURES = ("alone_ms", "p50_ms", "over_alone_ms", "clients_mean_batch", "saturat
 def one_round(engine: Any, model_dir: str, port: int, pairs: list[tuple[str, str]],
               sampler: NvmlSampler, args: argparse.Namespace) -> dict[str, Any]:
     """One round's figures (module docstring's order; without an engine, no request alone:
-    its figures are NaN)."""
+    its figures are None)."""
     alone = request_at_batch_1(engine, model_dir, args.request_runs)["p50_ms"] \
-        if engine is not None else float("nan")
+        if engine is not None else None
     one = run_closed_loop("127.0.0.1", port, clients=1, requests_per_client=args.one_client,
                           pairs=pairs, warmup=4, progress=False)
     many = run_closed_loop("127.0.0.1", port, clients=args.clients,
                            requests_per_client=args.per_client, pairs=pairs,
                            processes=args.load_processes, progress=False)
     sat = saturate(port, pairs, sampler, args.dry)
-    return {"alone_ms": alone, "p50_ms": one["p50_ms"], "over_alone_ms": one["p50_ms"] - alone,
+    return {"alone_ms": alone, "p50_ms": one["p50_ms"],
+            "over_alone_ms": None if alone is None else one["p50_ms"] - alone,
             "clients_mean_batch": many["server"].get("mean_batch_size", 0.0),
             "clients_rps": many.get("throughput_rps"), "saturated_rps": sat["throughput_rps"],
             "saturated_mean_batch": sat["mean_batch"],
@@ -70,10 +72,15 @@ def count(errors: dict[str, int] | int) -> int:
 
 
 def summary(rounds: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Each figure's median, lowest and highest over the rounds."""
-    return {name: {"median": statistics.median(r[name] for r in rounds),
-                   "low": min(r[name] for r in rounds), "high": max(r[name] for r in rounds)}
-            for name in FIGURES}
+    """Each figure's median, lowest and highest over the rounds (figures never taken, such as
+    the request alone with ``--no_alone``, left out)."""
+    out = {}
+    for name in FIGURES:
+        values = [r[name] for r in rounds if r[name] is not None]
+        if values:
+            out[name] = {"median": statistics.median(values), "low": min(values),
+                         "high": max(values)}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,10 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         for n in range(args.rounds):
             rounds.append(one_round(engine, model_dir, port, pairs, sampler, args))
             r = rounds[-1]
-            print(f"round {n + 1}: alone {r['alone_ms']:.2f} ms, p50 {r['p50_ms']:.2f} ms "
-                  f"({r['over_alone_ms']:+.2f}), mean batch {r['clients_mean_batch']:.1f} at "
-                  f"{args.clients} clients, {r['saturated_rps']:.0f} req/s saturated (mean "
-                  f"batch {r['saturated_mean_batch']:.1f}), errors {r['errors']}", flush=True)
+            alone = "" if r["alone_ms"] is None else \
+                f"alone {r['alone_ms']:.2f} ms, p50 over it {r['over_alone_ms']:+.2f} ms, "
+            print(f"round {n + 1}: {alone}p50 {r['p50_ms']:.2f} ms, mean batch "
+                  f"{r['clients_mean_batch']:.1f} at {args.clients} clients, "
+                  f"{r['saturated_rps']:.0f} req/s saturated (mean batch "
+                  f"{r['saturated_mean_batch']:.1f}), errors {r['errors']}", flush=True)
     finally:
         stop_servers(proc, timeout_s=30)
         if engine is not None:

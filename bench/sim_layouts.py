@@ -11,10 +11,14 @@ device (its files in a folder of this benchmark's, so that it reads the device's
   (the median over the mix) plus the tokenizer's time for one request (the ``tokenizers``
   library alone, taken in the same round), so "+x ms" is what the server adds;
 - **requests/s at saturation** (bench/pipeload.py's lean pipelined load), against the device's
-  **best-batch capacity**: requests/s of the mix were every window run in a full batch
-  (``--max_batch_size`` rows) of its own length bucket;
-- the device's **busy share** during that load (its busy seconds over the load's seconds), and
-  the mean batch.
+  **best-batch capacity**: requests/s of the mix were every window run in the cheapest batch
+  per row of its own length bucket that the token budget allows (``--max_batch_tokens``; the
+  server captures no CUDA graph beyond it);
+- the devices' **busy share** during that load (busy seconds over the load's seconds, the mean
+  over the devices the layout used), and the mean batch.
+
+"+x ms over its ceiling" is what the server adds to one request, the simulated launch's host
+CPU (``--sim_launch_ms``, 0.1 ms) among it.
 
 The simulated device follows the GPU check's cost curve scaled to this machine's cores
 (engines/sim_device.py), so the figures say how a layout would fill a GPU on a machine with
@@ -50,19 +54,26 @@ from settings.cli import HelpFormatter  # noqa: E402
 BUCKETS = (64, 128, 256, 384)
 
 
+def best_per_row_ms(device: SimDevice, length: int, max_tokens: int) -> float:
+    """Device ms per row of the cheapest batch of ``length`` tokens the token budget allows,
+    over the cost curve's row counts (one row always)."""
+    rows = [r for r in device.curve.data["rows"] if r == 1 or r * length <= max_tokens]
+    return min(device.device_ms(r, length) / r for r in rows)
+
+
 def device_ceilings(model_dir: str, pairs: list[tuple[str, str]], device: SimDevice,
-                    max_batch: int) -> dict[str, float]:
+                    max_tokens: int) -> dict[str, float]:
     """The device's best-batch capacity in requests/s of the mix, and the median device time
     of one request alone at batch 1 (its windows as one batch), in ms."""
     task = load_raw_task(model_dir)
-    full: list[float] = []  # per request: device ms with each window in a full batch
+    best: list[float] = []  # per request: device ms with each window in the best batch
     alone: list[float] = []
     for request in task_requests(task, pairs):
         features = task.features(request)
         bucket = next((n for n in BUCKETS if n >= features.max_len), features.max_len)
-        full.append(features.rows * device.device_ms(max_batch, bucket) / max_batch)
+        best.append(features.rows * best_per_row_ms(device, bucket, max_tokens))
         alone.append(device.device_ms(features.rows, bucket))
-    return {"capacity_rps": 1e3 / statistics.mean(full),
+    return {"capacity_rps": 1e3 / statistics.mean(best),
             "alone_device_ms": statistics.median(alone)}
 
 
@@ -74,7 +85,8 @@ def measure_layout(name: str, flags: str, pairs: list[tuple[str, str]],
         settings = SimSettings(scale=args.sim_scale, directory=folder)
         server_flags = ["--sim_device_dir", folder, "--sim_scale", str(args.sim_scale),
                         "--length_buckets", ",".join(map(str, BUCKETS)),
-                        "--max_batch_size", str(args.max_batch_size), *shlex.split(flags)]
+                        "--max_batch_size", str(args.max_batch_size),
+                        "--max_batch_tokens", str(args.max_batch_tokens), *shlex.split(flags)]
         proc, port = start_server("sim", args.model_dir, args.sessions, server_flags,
                                   timeout_s=120)
         try:
@@ -84,14 +96,17 @@ def measure_layout(name: str, flags: str, pairs: list[tuple[str, str]],
             load = {"connections": args.connections, "pipeline": args.pipeline,
                     "processes": args.processes}
             run_pipelined("127.0.0.1", port, pairs, seconds=2.0, **load)  # warm-up
-            device = SimDevice(0, settings)  # the server's device 0, read from its file
+            devices = [SimDevice(int(path.name.rsplit("-", 1)[1]), settings)  # the server's
+                       for path in sorted(Path(folder).glob("sim-device-*"))]
             with Client("127.0.0.1", port) as control:
-                before, busy_before, started = control.stats(timeout=30), device.busy_s(), \
-                    time.monotonic()
+                before, started = control.stats(timeout=30), time.monotonic()
+                busy_before = [d.busy_s() for d in devices]
                 sat = run_pipelined("127.0.0.1", port, pairs, seconds=args.seconds, **load)
-                busy = (device.busy_s() - busy_before) / (time.monotonic() - started)
+                spent = [d.busy_s() - b for d, b in zip(devices, busy_before, strict=True)]
+                busy = statistics.mean(spent) / (time.monotonic() - started)
                 after = control.stats(timeout=30)
-            device.close()
+            for device in devices:
+                device.close()
         finally:
             stop_servers(proc, timeout_s=30)
     server = server_breakdown(before, after, op="qa")
@@ -152,8 +167,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=10.0, help="seconds of saturation load")
     p.add_argument("--one_client", type=int, default=100, help="requests at 1 client")
     p.add_argument("--sessions", type=int, default=2, help="inference sessions per process")
-    p.add_argument("--max_batch_size", type=int, default=32, help="the servers' batch cap, "
-                   "and the capacity's full batch")
+    p.add_argument("--max_batch_size", type=int, default=32, help="the servers' batch cap")
+    p.add_argument("--max_batch_tokens", type=int, default=16384, help="the servers' token "
+                   "budget, and the capacity's")
     p.add_argument("--sim_scale", type=float, default=0.0, help="the device's speed (0: auto, "
                    "this machine's cores over the measured GPU's machine's)")
     add_load_options(p, connections=16, processes=1)
@@ -168,11 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     pairs = load_pairs(None)
     with tempfile.TemporaryDirectory() as folder:
-        device = SimDevice(0, SimSettings(scale=args.sim_scale, directory=folder))
-        ceilings = device_ceilings(args.model_dir, pairs, device, args.max_batch_size)
+        device = SimDevice(0, SimSettings(scale=args.sim_scale, directory=folder),
+                           args.max_batch_tokens)
+        ceilings = device_ceilings(args.model_dir, pairs, device, args.max_batch_tokens)
         described = device.describe()
         device.close()
-    print(f"{described}\ncapacity {ceilings['capacity_rps']:.0f} req/s of the mix at full "
+    print(f"{described}\ncapacity {ceilings['capacity_rps']:.0f} req/s of the mix at the best "
           f"batches; one request alone {ceilings['alone_device_ms']:.2f} ms of device time",
           flush=True)
     rows = measure_rounds(args, pairs, ceilings)

@@ -10,9 +10,9 @@
 * ``fill`` (a device-bound engine, a GPU: engines/base.py): ``auto`` fills up to the caps as
   ``fixed`` does, with one exception where the cost model has estimates (the device's own
   times): a request that would pad the whole batch to a longer length joins only if that is
-  no dearer than running it apart. Requests no longer than the batch always join, so batches
-  never shrink for it; a long request waits at most until it is the oldest, and then leads a
-  batch of its own length;
+  no dearer than running it apart. This rule never refuses a request no longer than the
+  batch, so a batch is never cut short of shorter waiting work; a long request waits at most
+  until it is the oldest, and then leads a batch of its own length;
 * the queue delay (from the oldest request's arrival) is spent only when waiting can help: a
   bigger batch would be cheaper per request, other sessions are busy (real load), and requests
   are arriving fast enough that one is expected before the delay runs out.
