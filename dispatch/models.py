@@ -67,7 +67,7 @@ def make_backend(config: ServerConfig, info: ModelInfo, stats: ServerStats,
         from broker.frontend import RedisBackend  # imports redis only when asked for
 
         return RedisBackend(config, info, stats)
-    if config.workers > 1:
+    if config.workers > 1 or config.executors == "on":
         from workers.processes import ProcessBackend
 
         if engine_factory is not None:

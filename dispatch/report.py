@@ -58,17 +58,27 @@ def collect_stats(config: ServerConfig, stats: ServerStats, models: ModelSet,
             if key in entries[only.name]:
                 result[key] = entries[only.name][key]
     result["workers"] = workers
-    busy = device_busy(workers)
+    executors = [entry for model in models for entry in _executor_figures(model)]
+    if executors:
+        result["executors"] = executors
+    busy = device_busy(workers + result.get("executors", []))
     if busy:
         result["devices"] = busy
     result["models"] = entries
     return result, total, per_model
 
 
+def _executor_figures(model: ServedModel) -> list[dict[str, Any]]:
+    """The model's executors (``--executors on``), each asked for its figures now."""
+    executors = getattr(model.backend, "executors", None)
+    return [{**entry, "model": model.name} for entry in executors.figures()] if executors else []
+
+
 def device_busy(workers: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Each device's busy fraction of late, where its engines know it (the sim engine), from
-    the workers on it that answered this query (each reads the same device file; the
-    highest, as a worker that read it a moment before the others may have missed a run)."""
+    the workers and executors on it that answered this query (each reads the same device
+    file; the highest, as one that read it a moment before the others may have missed a
+    run)."""
     out: dict[str, dict[str, float]] = {}
     for worker in workers:
         if "device_busy" in worker:

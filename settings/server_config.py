@@ -49,6 +49,10 @@ class ServerConfig:
     workers: int = option(1, "processes that tokenize, batch and run the model (1: all in the "
                           "server's own process; N: a front-end process and N workers pulling "
                           "from its queue, docs/architecture.md)")
+    executors: str = option("off", "on: each device's engine runs in one executor process of "
+                            "its own, which batches the tokenized rows of every worker "
+                            "(--workers N tokenize and decode); off: each worker owns its "
+                            "engines (docs/architecture.md)", choices=("off", "on"))
     cuda_devices: str | None = option(None, "GPUs for the workers, e.g. 0,1: worker i runs on "
                                       "cuda:<the (i mod count)-th of them> (overrides --device)")
     broker: str | None = option(None, "redis://[:PASSWORD@]HOST:PORT/DB (rediss:// for TLS): "

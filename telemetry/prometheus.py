@@ -78,6 +78,7 @@ class ServerCollector(Collector):
         yield from _model_families(snap.get("models", {}), per_model)
         yield from _worker_families(snap.get("workers", []))
         yield from _device_share(snap.get("devices", {}))
+        yield from _executor_families(snap.get("executors", []))
         if "broker" in snap:
             yield from _broker_families(snap["broker"])
         yield from self.gpus.collect()
@@ -157,6 +158,28 @@ def _worker_families(workers: list[dict[str, Any]]) -> Iterator[Metric]:
         device_batches.add_metric([device], n)
         device_busy.add_metric([device], seconds)
     yield from (up, held, restarts, batches, busy, device_batches, device_busy)
+
+
+def _executor_families(executors: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Per executor (``--executors on``; labels model, device): up, restarts, batches, and
+    batches holding the rows of several worker processes."""
+    labels = ["model", "device"]
+    up = GaugeMetricFamily(f"{PREFIX}_executor_up", "1 while the executor is serving",
+                           labels=labels)
+    restarts = CounterMetricFamily(f"{PREFIX}_executor_restarts", "Times the executor was "
+                                   "replaced after dying", labels=labels)
+    batches = CounterMetricFamily(f"{PREFIX}_executor_batches", "Batches the executor ran "
+                                  "(since its last start)", labels=labels)
+    shared = CounterMetricFamily(f"{PREFIX}_executor_shared_batches", "Batches holding the "
+                                 "rows of several worker processes", labels=labels)
+    for entry in executors:
+        label = [str(entry.get("model", "")), str(entry["device"])]
+        up.add_metric(label, int(entry["state"] == "serving"))
+        restarts.add_metric(label, entry["restarts"])
+        batches.add_metric(label, entry.get("batches", 0))
+        shared.add_metric(label, entry.get("shared_batches", 0))
+    if executors:
+        yield from (up, restarts, batches, shared)
 
 
 def _device_share(devices: dict[str, dict[str, float]]) -> Iterator[Metric]:

@@ -27,7 +27,7 @@ RESERVOIR = 8192
 #: after dying; a front end's broker lost, and found again (``--broker``).
 EVENTS = ("connection_refused", "idle_timeout", "frame_timeout", "send_timeout",
           "outbox_overflow", "auth_failed", "auth_timeout", "tls_handshake_failed", "session_restart",
-          "worker_restart", "broker_lost", "broker_reconnect")
+          "worker_restart", "executor_restart", "broker_lost", "broker_reconnect")
 
 
 class Timing:

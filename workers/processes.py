@@ -33,6 +33,7 @@ from scheduling.waits import StartCancelled, wait_until_set
 from settings.server_config import ServerConfig
 from telemetry.stats import ServerStats
 from transport.coalesce import coalesced_sends
+from workers.executors import ExecutorSet
 from workers.handle import WorkerHandle
 from workers.launch import exit_words, start_worker, wait_exit
 from workers.pipe_items import Job
@@ -65,6 +66,9 @@ class ProcessBackend:
         self.window = config.worker_window()
         self.handles = [WorkerHandle(i, device) for i, device in
                         enumerate(config.worker_devices())]
+        #: --executors on: each device's engine in a process of its own, fed by every worker
+        self.executors = ExecutorSet(config, [h.device for h in self.handles], stats,
+                                     log_level) if config.executors == "on" else None
         self._cond = threading.Condition()  # guards the handles' state and jobs
         self._ids = itertools.count()
         self._reaper = DeadlineReaper(self.queue)
@@ -87,12 +91,14 @@ class ProcessBackend:
             RuntimeError: a worker could not start (the server cannot start).
             StartCancelled: ``cancel`` was set before every worker was ready.
         """
-        for handle in self.handles:
-            self._spawn(handle)
         try:
+            if self.executors is not None:
+                self.executors.start(cancel)  # before the workers, whose engines reach them
+            for handle in self.handles:
+                self._spawn(handle)
             for handle in self.handles:
                 wait_until_set(handle.loaded, cancel)  # the main thread: signals are handled
-        except StartCancelled:
+        except (StartCancelled, RuntimeError):
             self._abandon_start()
             raise
         with self._cond:  # one that loaded may have died while the others were loading
@@ -111,6 +117,8 @@ class ProcessBackend:
             self._stopping = True
         self.queue.close()
         self._stop_workers(time.monotonic())
+        if self.executors is not None:
+            self.executors.stop(5.0)
 
     def _spawn(self, handle: WorkerHandle) -> None:
         """Start a (new) process for ``handle``, and the thread that reads its pipe.
@@ -122,7 +130,8 @@ class ProcessBackend:
         with theirs:
             process = start_worker(theirs.fileno())
         ours = Connection(ours_sock.detach())
-        ours.send((self.config, handle.index, handle.device, self.log_level))
+        executor = self.executors.address_of(handle.device) if self.executors else None
+        ours.send((self.config, handle.index, handle.device, self.log_level, executor))
         with self._cond:
             if self._stopping:  # stop() ran while this process started: it would be orphaned
                 process.kill()
@@ -355,6 +364,8 @@ class ProcessBackend:
         if not drained:
             self._give_up()
         self._stop_workers(until)
+        if self.executors is not None:  # after the workers: their last batches ran on them
+            self.executors.stop(max(5.0, until - time.monotonic()))
         with self._cond:  # replies popped before the stop must be written before connections finish
             self._cond.wait_for(lambda: not self._answering, max(1.0, until - time.monotonic()))
         if self._reaper.is_alive():

@@ -3,7 +3,7 @@
 The front end starts it as ``python -m workers.worker_main FD``. Messages (pickled tuples) on
 the pipe, front end -> worker:
 
-    (config, index, device, log_level)        first, once
+    (config, index, device, log_level, executor)   first, once (executor: --executors on)
     ("jobs", [Job(job_id, request, enqueued_at, deadline), ...])   (request: protocol.messages)
     ("stats", token)            ("stop",)
 
@@ -31,6 +31,7 @@ import signal
 import sys
 import threading
 from dataclasses import replace
+from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -41,6 +42,7 @@ from settings.server_config import ServerConfig
 from tasks.encoding import release_gil
 from telemetry.stats import ServerStats
 from workers.cpu_policy import apply_cpu_scheduling
+from workers.executor_client import ExecutorEngine
 from workers.local import LocalBackend
 from workers.pipe_items import Answer, Job
 
@@ -100,7 +102,8 @@ class Outbox:
 
 
 def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
-               log_level: int = logging.INFO) -> int:
+               log_level: int = logging.INFO,
+               executor: tuple[str, bytes] | None = None) -> int:
     """Entry point of worker process ``index`` (started by workers.processes.ProcessBackend):
     load, serve until told to stop or orphaned, stop. Returns the exit status (0; 1 if the
     model could not be loaded)."""
@@ -122,7 +125,9 @@ def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
         info = load_model_info(config.model_dir)
         # its queue holds whatever the front end may hand it: admission was the front end's
         local = replace(config, workers=1, max_queue=max(config.max_queue, config.worker_window()))
-        backend = LocalBackend(local, info, stats, device=device)
+        factory = None if executor is None else partial(
+            ExecutorEngine, config.model_dir, *executor, device)  # its device's executor
+        backend = LocalBackend(local, info, stats, device=device, engine_factory=factory)
         backend.start()
     except Exception as exc:  # noqa: BLE001 - reported to the front end, which exits
         log.error("cannot start: %s: %s", type(exc).__name__, exc)
@@ -218,13 +223,14 @@ def _always() -> bool:
 
 def main(argv: list[str]) -> int:
     """``python -m workers.worker_main FD``: FD is this worker's end of the front end's pipe,
-    whose first message is ``(config, index, device, log_level)``."""
+    whose first message is ``(config, index, device, log_level, executor)`` (executor: its
+    device's executor's address and key with ``--executors on``, else None)."""
     conn = Connection(int(argv[1]))
     try:
-        config, index, device, log_level = conn.recv()
+        config, index, device, log_level, executor = conn.recv()
     except (EOFError, OSError):
         return 1
-    return run_worker(config, index, device, conn, log_level)
+    return run_worker(config, index, device, conn, log_level, executor)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,146 @@
+"""--executors on: one executor process per device, fed by every worker process, with real
+processes, Unix sockets and the simulated GPU (--inference_engine_type sim)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from client import Client
+from protocol import encode_frame, qa_request
+from server import InferenceServer, ServerConfig
+from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, wait_until
+from tests.test_server_process import drain_log, start_server
+from tests.test_workers import alive
+
+
+def executor_config(model_dir: Path, **overrides: object) -> ServerConfig:
+    # a slow simulated device (1 x 64 tokens: 16 ms), so that jobs wait for it under load
+    settings: dict[str, object] = dict(port=0, model_dir=str(model_dir), workers=2,
+                                       executors="on", inference_engine_type="sim",
+                                       num_inference_sessions=2, max_batch_size=4,
+                                       sim_scale=0.05)
+    settings.update(overrides)
+    return ServerConfig(**settings)  # type: ignore[arg-type]
+
+
+def pipelined(address: tuple[str, int], total: int, repeat: int = 1) -> RawConnection:
+    conn = RawConnection(address)
+    conn.send_raw(b"".join(encode_frame(qa_request(i, QUESTIONS[i % 6], CONTEXTS[i % 6] * repeat))
+                           for i in range(total)))
+    return conn
+
+
+def test_one_executor_batches_the_rows_of_both_worker_processes(tiny_model_dir: Path) -> None:
+    with InferenceServer(executor_config(tiny_model_dir)) as srv:
+        conn = pipelined(srv.address, 120)
+        replies = conn.recv_replies(120)
+        conn.close()
+        assert all(reply["ok"] for reply in replies.values())
+        with Client(*srv.address) as client:
+            stats = client.stats(timeout=30)
+    [executor] = stats["executors"]
+    assert executor["state"] == "serving" and executor["device"] == "auto"
+    assert "sim engine" in executor["description"]
+    assert executor["batches"] > 0
+    assert executor["shared_batches"] > 0 and executor["most_processes_in_a_batch"] == 2
+    assert len({w["pid"] for w in stats["workers"]}) == 2
+    assert "in the executor of auto" in stats["engine"]["description"]
+
+
+def test_an_executor_killed_under_load_fails_only_what_it_held_and_is_restarted(
+        tiny_model_dir: Path) -> None:
+    with InferenceServer(executor_config(tiny_model_dir)) as srv:
+        with Client(*srv.address) as client:
+            victim = client.stats(timeout=30)["executors"][0]["pid"]
+        total = 400
+        conn = pipelined(srv.address, total)
+        wait_until(lambda: srv.stats.snapshot()["requests"].get("qa", {}).get("ok", 0) > 20)
+        os.kill(victim, signal.SIGKILL)
+        replies = conn.recv_replies(total)  # every one answered, once: nothing left hanging
+        conn.close()
+        codes = {reply["error"]["code"] for reply in replies.values() if not reply["ok"]}
+        assert codes <= {"engine_error"}, codes
+        assert any(not reply["ok"] for reply in replies.values()), "it held none: make it slower"
+
+        def restarted() -> bool:
+            with Client(*srv.address) as client:
+                entry = client.stats(timeout=30)["executors"][0]
+            return entry["state"] == "serving" and entry["pid"] != victim
+
+        wait_until(restarted, timeout=60)
+        time.sleep(0.2)
+        with Client(*srv.address) as client:  # the workers reconnect at their next batch
+            for _ in range(5):
+                answer = client.call("qa", {"question": QUESTIONS[0], "context": CONTEXTS[0]},
+                                     timeout=30)
+            stats = client.stats(timeout=30)
+        assert set(answer) == {"answer", "score", "start", "end"}
+    assert not alive(victim)
+    assert stats["events"]["executor_restart"] == 1
+    assert stats["executors"][0]["restarts"] == 1
+    assert stats["events"]["worker_restart"] == 0  # the workers lived on
+    assert stats["in_flight"] == 0
+
+
+def test_sigterm_with_executors_drains_every_admitted_request_and_exits_zero(
+        tiny_model_dir: Path) -> None:
+    proc, address, lines = start_server(
+        "--model_dir", str(tiny_model_dir), "--workers", "2", "--executors", "on",
+        "--inference_engine_type", "sim", "--sim_scale", "0.05", "--max_batch_size", "4")
+    reader = drain_log(proc, lines)
+    with Client(*address) as observer:
+        executor = observer.stats(timeout=30)["executors"][0]["pid"]
+        total = 150
+        conn = pipelined(address, total)
+        deadline = time.monotonic() + 60
+        while (stats := observer.stats(timeout=30))["admitted"] < total:
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.01)
+        assert stats["in_flight"] > 0, "the load finished before the signal; make it heavier"
+        proc.send_signal(signal.SIGTERM)
+        replies = conn.recv_replies(total)
+    assert all(reply["ok"] for reply in replies.values())
+    assert proc.wait(timeout=60) == 0
+    reader.join(10)
+    assert "all admitted requests answered" in "".join(lines)
+    wait_until(lambda: not alive(executor), timeout=10)
+
+
+def test_two_devices_get_an_executor_each_and_both_serve(tiny_model_dir: Path) -> None:
+    config = executor_config(tiny_model_dir, cuda_devices="0,1", metrics_port=0)
+    with InferenceServer(config) as srv:
+        conn = pipelined(srv.address, 80)
+        assert all(reply["ok"] for reply in conn.recv_replies(80).values())
+        conn.close()
+        with Client(*srv.address) as client:
+            stats = client.stats(timeout=30)
+        host, port = srv.metrics_address
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    executors = {e["device"]: e for e in stats["executors"]}
+    assert set(executors) == {"cuda:0", "cuda:1"}
+    assert all(e["batches"] > 0 and 0 < e["device_busy"] <= 1 for e in executors.values())
+    assert "simulated device 1" in executors["cuda:1"]["description"]
+    up = {s.labels["device"]: s.value for f in text_string_to_metric_families(text)
+          for s in f.samples if s.name == "qa_server_executor_up"}
+    assert up == {"cuda:0": 1.0, "cuda:1": 1.0}
+
+
+def test_deadlines_hold_at_a_saturated_device(tiny_model_dir: Path) -> None:
+    with InferenceServer(executor_config(tiny_model_dir, sim_scale=0.01)) as srv:
+        conn = RawConnection(srv.address)
+        total = 60
+        conn.send_raw(b"".join(encode_frame(qa_request(i, QUESTIONS[i % 6], CONTEXTS[i % 6],
+                                                       timeout_ms=150))
+                               for i in range(total)))
+        replies = conn.recv_replies(total)  # each answered once, in time or not
+        conn.close()
+    codes = {reply["error"]["code"] for reply in replies.values() if not reply["ok"]}
+    assert codes == {"deadline_exceeded"}, codes  # a device this slow cannot serve them all
+    assert any(reply["ok"] for reply in replies.values())

@@ -1,0 +1,188 @@
+"""``--executors on``: one executor process per device, started by the front end before the
+workers and stopped after them; one that dies is restarted (workers/executor_main.py).
+
+The workers reach each executor at a Unix socket in a folder of the front end's own, with a key
+made for this server: each worker is given its device's address and the key in its first
+message (workers/processes.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from multiprocessing.connection import Connection
+
+from scheduling.pool import BACKOFF_S
+from scheduling.waits import wait_until_set
+from settings.server_config import ServerConfig
+from telemetry.stats import ServerStats
+from workers.executor_client import executor_address
+from workers.launch import exit_words, wait_exit, worker_env
+
+log = logging.getLogger(__name__)
+
+
+class ExecutorHandle:
+    """One device's executor as the front end sees it: its process, pipe and state."""
+
+    def __init__(self, device: str, address: str) -> None:
+        self.device, self.address = device, address
+        self.process: subprocess.Popen[bytes] | None = None
+        self.control: Connection | None = None
+        self.ready = threading.Event()
+        self.description = ""
+        self.error: str | None = None
+        self.restarts = 0
+        self.send_lock = threading.Lock()  # stats and stop come from different threads
+        self.figures: dict[str, int] | None = None
+        self.answered = threading.Event()
+
+
+class ExecutorSet:
+    """The executors of ``devices``, one each.
+
+    Args:
+        config: Serving settings (the engine the executors load).
+        devices: The devices, one executor each (duplicates share one).
+        stats: Where executor restarts are counted (``executor_restart``).
+        log_level: The executors' logging level.
+    """
+
+    def __init__(self, config: ServerConfig, devices: list[str], stats: ServerStats,
+                 log_level: int = logging.INFO) -> None:
+        self.config, self.stats, self.log_level = config, stats, log_level
+        self.folder = tempfile.mkdtemp(prefix="qa-executors-")
+        self.authkey = os.urandom(16)
+        self.handles = {device: ExecutorHandle(device, executor_address(self.folder, device))
+                        for device in dict.fromkeys(devices)}
+        self._lock = threading.Lock()
+        self._stopping = False
+
+    def address_of(self, device: str) -> tuple[str, bytes]:
+        """Where a worker on ``device`` reaches its executor, and the key."""
+        return self.handles[device].address, self.authkey
+
+    def start(self, cancel: threading.Event | None = None) -> None:
+        """Start every executor and wait until each has loaded its engine.
+
+        Raises:
+            RuntimeError: one could not start.
+            StartCancelled: ``cancel`` was set first.
+        """
+        for handle in self.handles.values():
+            self._spawn(handle)
+        for handle in self.handles.values():
+            wait_until_set(handle.ready, cancel)
+            if handle.error is not None:
+                raise RuntimeError(f"the executor of {handle.device} could not start: "
+                                   f"{handle.error}")
+
+    def describe(self) -> list[dict[str, object]]:
+        """Each executor: device, pid, state, restarts, what it runs."""
+        with self._lock:
+            return [{"device": h.device, "pid": h.process.pid if h.process else None,
+                     "state": "serving" if h.ready.is_set() and h.error is None else "starting",
+                     "restarts": h.restarts, "description": h.description}
+                    for h in self.handles.values()]
+
+    def figures(self, timeout: float = 2.0) -> list[dict[str, object]]:
+        """``describe`` with each executor's batch figures (workers/executor_main.py's
+        ``Executor.figures``), asked now; the last ones of an executor that did not answer
+        within ``timeout``."""
+        asked = []
+        for handle in self.handles.values():
+            handle.answered.clear()
+            if _send(handle, ("stats",)):
+                asked.append(handle)
+        deadline = time.monotonic() + timeout
+        for handle in asked:
+            handle.answered.wait(max(0.0, deadline - time.monotonic()))
+        return [{**entry, **(handle.figures or {})}
+                for entry, handle in zip(self.describe(), self.handles.values(), strict=True)]
+
+    def stop(self, timeout: float) -> None:
+        """Tell every executor to stop (the workers have drained), wait, then kill what is
+        left; remove the sockets' folder."""
+        with self._lock:
+            self._stopping = True
+            handles = list(self.handles.values())
+        for handle in handles:
+            _send(handle, ("stop",))
+        deadline = time.monotonic() + timeout
+        for handle in handles:
+            if handle.process is not None:
+                wait_exit(handle.process, max(0.1, deadline - time.monotonic()))
+                if handle.process.poll() is None:
+                    log.warning("the executor of %s did not stop in time: killed", handle.device)
+                    handle.process.kill()
+                    wait_exit(handle.process, 5.0)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _spawn(self, handle: ExecutorHandle) -> None:
+        """A (new) process for ``handle``, and the thread that watches it."""
+        ours_sock, theirs = socket.socketpair()
+        with theirs:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "workers.executor_main", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), env=worker_env(), start_new_session=True)
+        control = Connection(ours_sock.detach())
+        control.send((self.config, handle.device, handle.address, self.authkey,
+                      self.log_level))
+        with self._lock:
+            if self._stopping:
+                process.kill()
+                control.close()
+                return
+            handle.process, handle.control = process, control
+        threading.Thread(target=self._watch, args=(handle, process, control), daemon=True,
+                         name=f"executor-{handle.device}").start()
+
+    def _watch(self, handle: ExecutorHandle, process: subprocess.Popen[bytes],
+               control: Connection) -> None:
+        """Read the executor's pipe; when it closes, restart the executor unless stopping."""
+        try:
+            while True:
+                kind, detail = control.recv()
+                if kind == "ready":
+                    handle.description, handle.error = detail, None
+                    handle.ready.set()
+                elif kind == "failed":
+                    handle.error = detail
+                    handle.ready.set()
+                elif kind == "stats":
+                    handle.figures = detail
+                    handle.answered.set()
+        except (EOFError, OSError):
+            pass
+        wait_exit(process, 1.0)
+        with self._lock:
+            if self._stopping or not handle.ready.is_set() or handle.error is not None:
+                return  # stopping, or it never started: the start reports that
+            handle.ready.clear()
+            handle.restarts += 1
+        self.stats.count_event("executor_restart")
+        backoff = BACKOFF_S[min(handle.restarts - 1, len(BACKOFF_S) - 1)]
+        log.warning("the executor of %s %s; its workers' batches in hand fail with "
+                    "engine_error; restarting it in %.1f s", handle.device,
+                    exit_words(process.returncode), backoff)
+        time.sleep(backoff)
+        self._spawn(handle)
+
+
+def _send(handle: ExecutorHandle, message: tuple[str, ...]) -> bool:
+    """Send on the executor's pipe; False where it is gone (or not started)."""
+    with handle.send_lock:
+        if handle.control is None:
+            return False
+        try:
+            handle.control.send(message)
+            return True
+        except OSError:
+            return False
