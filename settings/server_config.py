@@ -258,6 +258,9 @@ class ServerConfig:
         if self.workers > 1:  # the URL itself: broker/urls.py's check, through the registry
             return ["--workers applies without --broker; with one, start more --role worker "
                     "processes instead"]
+        if self.executors == "on":
+            return ["--executors on applies without --broker (each --role worker owns its "
+                    "engine)"]
         return []
 
     def _auth_problems(self) -> list[str]:

@@ -209,6 +209,7 @@ def test_a_wrong_password_fails_the_start_clearly(broker: RedisServer,
     (["--role", "worker"], "--role worker needs --broker"),
     (["--broker", "http://127.0.0.1:1"], "redis://, rediss:// or unix://"),
     (["--broker", "redis://127.0.0.1:1/0", "--workers", "2"], "--workers applies without"),
+    (["--broker", "redis://127.0.0.1:1/0", "--executors", "on"], "--executors on applies"),
 ])
 def test_broker_flags_that_cannot_work_are_usage_errors(args: list[str], message: str) -> None:
     result = subprocess.run([sys.executable, str(ROOT / "server.py"), *args],
