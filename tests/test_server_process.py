@@ -68,7 +68,7 @@ def test_help_keeps_the_seed_options() -> None:
     for flag in ("--host", "--port", "--num_inference_sessions", "--inference_engine_type",
                  "--model_dir", "--max_batch_size", "--device"):
         assert flag in out
-    assert "{onnx,pytorch,zero}" in out
+    assert "{onnx,pytorch,zero,sim}" in out
 
 
 def test_impossible_limits_are_a_usage_error_naming_the_flags() -> None:
