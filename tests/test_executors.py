@@ -144,3 +144,23 @@ def test_deadlines_hold_at_a_saturated_device(tiny_model_dir: Path) -> None:
     codes = {reply["error"]["code"] for reply in replies.values() if not reply["ok"]}
     assert codes == {"deadline_exceeded"}, codes  # a device this slow cannot serve them all
     assert any(reply["ok"] for reply in replies.values())
+
+
+def test_a_worker_killed_under_load_with_executors_loses_no_reply(tiny_model_dir: Path) -> None:
+    with InferenceServer(executor_config(tiny_model_dir)) as srv:
+        with Client(*srv.address) as client:
+            victim = client.stats(timeout=30)["workers"][0]["pid"]
+        total = 300
+        conn = pipelined(srv.address, total)
+        wait_until(lambda: srv.stats.snapshot()["requests"].get("qa", {}).get("ok", 0) > 20)
+        os.kill(victim, signal.SIGKILL)
+        replies = conn.recv_replies(total)  # its jobs on the executor go nowhere, harmlessly
+        conn.close()
+        codes = {reply["error"]["code"] for reply in replies.values() if not reply["ok"]}
+        assert codes <= {"worker_lost"}, codes
+        wait_until(lambda: srv.ready)
+        with Client(*srv.address) as client:
+            assert client.answer(QUESTIONS[1], CONTEXTS[1], timeout=30)["answer"]
+            stats = client.stats(timeout=30)
+    assert stats["events"]["worker_restart"] == 1 and stats["events"]["executor_restart"] == 0
+    assert stats["executors"][0]["state"] == "serving"
