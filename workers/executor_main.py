@@ -34,14 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from engines import load_engine
 from engines.base import Engine
 from engines.model_dir import load_model_info
-from engines.sim_device import SimSettings
 from scheduling.cost_model import CostModel
 from scheduling.planner import BatchPolicy, plan_batch
 from scheduling.session import batch_cost, dummy_feeds
 from settings.server_config import ServerConfig
+from workers.local import default_engine_factory
 
 log = logging.getLogger("executor")
 
@@ -157,18 +156,6 @@ def _pad(values: np.ndarray, length: int) -> np.ndarray:
     return values if short == 0 else np.pad(values, ((0, 0), (0, short)))
 
 
-def load_device_engine(config: ServerConfig, device: str) -> Engine:
-    """The device's engine, as a worker would load it (every core of this process's share)."""
-    return load_engine(config.inference_engine_type, config.model_dir, device=device,
-                       threads=config.engine_threads(), precision=config.precision,
-                       graph=config.pytorch_graph, lengths=config.bucket_lengths(),
-                       max_seq_len=config.max_seq_len, max_tokens=config.max_batch_tokens,
-                       onnx_cuda_graphs=config.onnx_cuda_graphs == "on",
-                       sim=SimSettings(curve=config.sim_cost_curve, scale=config.sim_scale,
-                                       launch_ms=config.sim_launch_ms,
-                                       directory=config.sim_device_dir))
-
-
 def serve_connection(conn: Connection, executor: Executor) -> None:
     """Read one worker session's jobs until it closes."""
     lock, source = threading.Lock(), 0
@@ -209,7 +196,7 @@ def run_executor(config: ServerConfig, device: str, address: str, authkey: bytes
     logging.basicConfig(level=log_level, format=(
         f"%(asctime)s %(levelname)s executor-{device} %(threadName)s %(name)s: %(message)s"))
     try:
-        engine = load_device_engine(config, device)
+        engine = default_engine_factory(config, device)()  # as a worker's session would
         engine.run(dummy_feeds(engine.input_names, 1, 16))  # the first run allocates
         if os.path.exists(address):
             os.unlink(address)  # a killed executor's socket file

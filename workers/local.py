@@ -70,13 +70,13 @@ def describe_serving(policy: BatchPolicy, engine: Engine | None) -> dict[str, An
 
 
 def default_engine_factory(config: ServerConfig, device: str,
-                           queue: WorkQueue) -> Callable[[], Engine]:
+                           queue: WorkQueue | None = None) -> Callable[[], Engine]:
     """Builds one session's engine as the settings say (threads, precision, device, and the
     shapes a PyTorch engine captures CUDA graphs for: length buckets, longest length, token
-    budget)."""
+    budget); ``queue`` (ONNX on the CPU) says when a batch has the machine to itself."""
     return partial(load_engine, config.inference_engine_type, config.model_dir, device=device,
                    threads=config.engine_threads(), lone_threads=config.lone_threads(),
-                   crowded=queue.crowded, precision=config.precision,
+                   crowded=queue.crowded if queue else None, precision=config.precision,
                    graph=config.pytorch_graph, lengths=config.bucket_lengths(),
                    max_seq_len=config.max_seq_len, max_tokens=config.max_batch_tokens,
                    onnx_cuda_graphs=config.onnx_cuda_graphs == "on",
