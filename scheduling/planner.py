@@ -8,11 +8,13 @@
   its requests one by one (so on hardware where batching does not pay it serves batch 1);
   ``fixed`` fills up to the caps; ``off`` takes one request;
 * ``fill`` (a device-bound engine, a GPU: engines/base.py): ``auto`` fills up to the caps as
-  ``fixed`` does, with one exception where the cost model has estimates (the device's own
-  times): a request that would pad the whole batch to a longer length joins only if that is
-  no dearer than running it apart. This rule never refuses a request no longer than the
-  batch, so a batch is never cut short of shorter waiting work; a long request waits at most
-  until it is the oldest, and then leads a batch of its own length;
+  ``fixed`` does, except where the cost model has estimates (the device's own times) and a
+  request's length differs from the batch's: a longer one, which would pad the whole batch,
+  joins only if that is no dearer than running it apart; a shorter one joins only while what
+  it adds, padded to the batch's length, is at most SHORTER_SLACK times what its rows cost in
+  the cheapest batch of its own length. Requests of the batch's length always join, so
+  batches never shrink below them; a request left out leads a batch of its own length once
+  it is the oldest;
 * the queue delay (from the oldest request's arrival) is spent only when waiting can help: a
   bigger batch would be cheaper per request, other sessions are busy (real load), and requests
   are arriving fast enough that one is expected before the delay runs out.
@@ -35,6 +37,9 @@ SETTING_CHOICES = {"batching": BATCHING_MODES}
 #: Smallest predicted saving of a batch over running its requests one by one, for auto to batch
 #: at all: ties and noise keep batch 1, the safe choice where batching does not pay.
 MIN_GAIN = 0.05
+#: With ``fill``, a request shorter than the batch joins while what it adds, padded to the
+#: batch's length, is at most this many times its rows' cost in a batch of its own length.
+SHORTER_SLACK = 1.5
 
 
 class Waiting(Protocol):
@@ -108,16 +113,25 @@ def plan_batch(waiting: Sequence[Waiting], policy: BatchPolicy) -> list:
 
 def _dearer(estimate: _Estimates, policy: BatchPolicy, batch: tuple[int, int],
             shape: tuple[int, int]) -> bool:
-    """Whether a request of ``shape`` must stay out of ``batch`` (rows, padded length) because
-    the batch with it is predicted dearer than the two apart (``auto`` only): always asked
-    without ``fill``; with it only for a request that lengthens the batch, and only with
-    estimates for all three (without them it joins)."""
+    """Whether a request of ``shape`` must stay out of ``batch`` (rows, padded length), by the
+    cost model (``auto`` only; without estimates it joins):
+
+    - without ``fill``: the batch with it is predicted dearer than the two apart;
+    - with ``fill``, a request longer than the batch: likewise;
+    - with ``fill``, a shorter one: what it adds to the batch, padded to the batch's length,
+      is over SHORTER_SLACK times what its rows cost in the cheapest batch of its own length
+      (so a batch takes short requests only into rows it pays for anyway).
+    """
     together = (batch[0] + shape[0], max(batch[1], shape[1]))
     if policy.judged:
         return not estimate.no_dearer(*together, [batch, shape])
-    if shape[1] <= batch[1] or None in (estimate(*together), estimate(*batch), estimate(*shape)):
+    if shape[1] == batch[1] or None in (estimate(*together), estimate(*batch), estimate(*shape)):
         return False
-    return not estimate.no_dearer(*together, [batch, shape])
+    if shape[1] > batch[1]:
+        return not estimate.no_dearer(*together, [batch, shape])
+    adds = estimate(*together) - estimate(*batch)  # type: ignore[operator]
+    own = estimate.best_per_row(shape[1], policy)
+    return own is not None and adds > SHORTER_SLACK * own * shape[0]
 
 
 class _Estimates:
@@ -133,6 +147,20 @@ class _Estimates:
         if key not in self.known:
             self.known[key] = None if self.cost is None else self.cost.estimate(rows, length)
         return self.known[key]
+
+    def best_per_row(self, length: int, policy: BatchPolicy) -> float | None:
+        """The least predicted cost per row of a batch of ``length``: over row counts 1, 2,
+        4, ... up to the policy's caps."""
+        costs = []
+        rows = 1
+        while rows <= policy.cap and (not policy.max_tokens or rows * length <= policy.max_tokens
+                                      or rows == 1):
+            cost = self(rows, length)
+            if cost is None:
+                return None
+            costs.append(cost / rows)
+            rows *= 2
+        return min(costs)
 
     def no_dearer(self, rows: int, length: int, apart: list[tuple[int, int]],
                   gain: float = 0.0) -> bool:

@@ -48,8 +48,8 @@ class InferenceSession(threading.Thread):
         queue: The shared work queue.
         policy: How batches are formed; an int means "up to that many, in arrival order". With
             a device-bound engine (a GPU, ``Engine.device_bound``) the session serves it with
-            ``fill`` set: batches fill up to the caps whenever requests wait (a request that
-            would pad the batch longer joins only where the cost model says that pays).
+            ``fill`` set: batches fill up to the caps whenever requests wait (a request of
+            another length joins only where the cost model says that pays).
         stats: Where batch sizes, queue waits and engine times are recorded.
         warmup: Padded lengths to warm up and time before reporting ready (see ``warm_up``).
         prime: Batch shapes (rows, padded length) to run once each, untimed, before reporting

@@ -8,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduling.cost_model import CostModel
-from scheduling.planner import MIN_GAIN, BatchPolicy, cheaper_together, plan_batch, wait_for_more
+from scheduling.planner import (
+    MIN_GAIN,
+    SHORTER_SLACK,
+    BatchPolicy,
+    cheaper_together,
+    plan_batch,
+    wait_for_more,
+)
 
 
 @dataclass(eq=False)
@@ -81,7 +88,7 @@ def test_a_device_bound_engine_fills_batches_to_the_token_budget_whatever_the_co
                          waiting[:1], 1, busy=1, arrival_rate=1000.0, now=100.002) == 0.0
 
 
-def test_a_device_bound_batch_takes_a_longer_request_only_where_its_padding_pays() -> None:
+def test_a_device_bound_batch_takes_another_length_only_where_its_padding_pays() -> None:
     # a GPU's costs: a fixed launch, then tokens cheap (the H200's curve: 32 x 64 costs 1.5 ms,
     # 32 x 384 6.6 ms, 1 x 384 0.9 ms)
     gpu = CostModel()
@@ -93,8 +100,16 @@ def test_a_device_bound_batch_takes_a_longer_request_only_where_its_padding_pays
     filled = BatchPolicy(mode="auto", max_items=32, cost=gpu, fill=True)
     # led by a short request: every short one, no long one (20 x 384 would cost far more)
     assert plan_batch(short[:1] + long + short[1:], filled) == short
-    # led by a long one: the long ones, then the short ones, which pad to nothing more
-    assert plan_batch(long[:1] + short + long[1:], filled) == long + short
+    # led by a long one: the long ones only: a short one padded to 384 tokens would cost
+    # about 3 times what it costs in a full batch of its own length
+    assert plan_batch(long[:1] + short + long[1:], filled) == long
+    # where a long batch's extra rows cost little, short requests fill it
+    flat = CostModel()  # a fixed cost per batch, rows almost free at any length
+    for rows in (1, 2, 4, 8, 16, 32):
+        for length in (64, 384):
+            flat.observe(rows, length, (1.0 + 0.001 * rows * length / 384) / 1000, warmup=True)
+    cheap = BatchPolicy(mode="auto", max_items=32, cost=flat, fill=True)
+    assert plan_batch(long[:1] + short + long[1:], cheap) == long + short
     # without the device's costs it fills as before, whatever the lengths
     assert len(plan_batch(short[:1] + long + short[1:],
                           BatchPolicy(mode="auto", max_items=32, fill=True))) == 30
@@ -116,11 +131,21 @@ def one_by_one_plan(waiting: list[Waiting], policy: BatchPolicy) -> list[Waiting
                 policy.cost, (rows, length), [(item.rows, item.length)], 0.0):
             continue
         shapes = [(new_rows, new_length), (rows, length), (item.rows, item.length)]
-        if policy.fill and policy.mode == "auto" and item.length > length and all(
-                policy.cost is not None and policy.cost.estimate(*shape) is not None
-                for shape in shapes) and not cheaper_together(
-                policy.cost, (rows, length), [(item.rows, item.length)], 0.0):
+        known = policy.cost is not None and all(policy.cost.estimate(*shape) is not None
+                                                for shape in shapes)
+        if policy.fill and policy.mode == "auto" and known and item.length > length and \
+                not cheaper_together(policy.cost, (rows, length), [(item.rows, item.length)],
+                                     0.0):
             continue  # it would pad the batch longer, at a predicted loss
+        if policy.fill and policy.mode == "auto" and known and item.length < length:
+            assert policy.cost is not None
+            adds = policy.cost.estimate(new_rows, new_length) - policy.cost.estimate(rows, length)
+            own = min(policy.cost.estimate(r, item.length) / r
+                      for r in (1, 2, 4, 8, 16, 32, 64, 128)
+                      if r == 1 or (r <= policy.cap and (not policy.max_tokens
+                                                         or r * item.length <= policy.max_tokens)))
+            if adds > SHORTER_SLACK * own * item.rows:
+                continue  # padded to the batch's length it costs more than in its own batch
         chosen.append(item)
         rows, length = new_rows, new_length
     if policy.mode == "auto" and not policy.fill and len(chosen) > 1 and not cheaper_together(
