@@ -40,6 +40,7 @@ from scheduling.cost_model import CostModel
 from scheduling.planner import BatchPolicy, plan_batch
 from scheduling.session import batch_cost, dummy_feeds
 from settings.server_config import ServerConfig
+from workers.launch import serve_child
 from workers.local import default_engine_factory
 
 log = logging.getLogger("executor")
@@ -224,18 +225,12 @@ def run_executor(config: ServerConfig, device: str, address: str, authkey: bytes
     return 0
 
 
-def main(argv: list[str]) -> int:
-    """``python -m workers.executor_main FD``: FD is this executor's end of the front end's
-    pipe."""
-    control = Connection(int(argv[1]))
-    try:
-        config, device, address, authkey, log_level = control.recv()
-    except (EOFError, OSError):
-        return 1
+def main(control: Connection, first: tuple[Any, ...]) -> int:
+    """``python -m workers.executor_main FD`` (workers/launch.py's ``serve_child``): FD is this
+    executor's end of the front end's pipe."""
+    config, device, address, authkey, log_level = first
     return run_executor(config, device, address, authkey, control, log_level)
 
 
 if __name__ == "__main__":
-    status = main(sys.argv)
-    logging.shutdown()
-    os._exit(status)
+    serve_child(sys.argv, main)

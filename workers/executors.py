@@ -11,9 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -24,7 +22,7 @@ from scheduling.waits import wait_until_set
 from settings.server_config import ServerConfig
 from telemetry.stats import ServerStats
 from workers.executor_client import executor_address
-from workers.launch import exit_words, wait_exit, worker_env
+from workers.launch import exit_words, spawn, wait_exit
 
 log = logging.getLogger(__name__)
 
@@ -127,14 +125,8 @@ class ExecutorSet:
 
     def _spawn(self, handle: ExecutorHandle) -> None:
         """A (new) process for ``handle``, and the thread that watches it."""
-        ours_sock, theirs = socket.socketpair()
-        with theirs:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "workers.executor_main", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), env=worker_env(), start_new_session=True)
-        control = Connection(ours_sock.detach())
-        control.send((self.config, handle.device, handle.address, self.authkey,
-                      self.log_level))
+        process, control = spawn("workers.executor_main", (
+            self.config, handle.device, handle.address, self.authkey, self.log_level))
         with self._lock:
             if self._stopping:
                 process.kill()

@@ -1,26 +1,60 @@
-"""Starting and ending one worker process: its command, environment, and its exit in words."""
+"""Starting and ending one child process of the front end (a worker, or an executor): its
+command, environment and pipe, its ``__main__``, and its exit in words."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start_worker(fd: int) -> subprocess.Popen[bytes]:
-    """A fresh interpreter running ``python -m workers.worker_main FD`` (not a fork of the
-    threaded front end, and not multiprocessing's spawn, which would re-run the user's main
-    module), inheriting only the pipe ``fd``.
+def spawn(module: str, first: Any) -> tuple[subprocess.Popen[bytes], Connection]:
+    """``python -m MODULE FD`` (``start_worker``) with a new pipe, whose first message, sent
+    here, is ``first``; returns the process and the front end's end of the pipe."""
+    ours, theirs = socket.socketpair()
+    with theirs:
+        process = start_worker(theirs.fileno(), module)
+    conn = Connection(ours.detach())
+    conn.send(first)
+    return process, conn
+
+
+def serve_child(argv: list[str], body: Callable[[Connection, Any], int]) -> NoReturn:
+    """The ``__main__`` of a process ``spawn`` started: ``body(pipe, first message)`` (FD in
+    ``argv[1]``), or exit status 1 where the pipe closed before its first message. Everything
+    is answered and closed by then: it skips the interpreter's teardown (a full garbage
+    collection of a model and tokenizer takes seconds on a busy machine), so that a drained
+    process exits at once."""
+    conn = Connection(int(argv[1]))
+    try:
+        first = conn.recv()
+    except (EOFError, OSError):
+        status = 1
+    else:
+        status = body(conn, first)
+    logging.shutdown()
+    os._exit(status)
+
+
+def start_worker(fd: int, module: str = "workers.worker_main") -> subprocess.Popen[bytes]:
+    """A fresh interpreter running ``python -m MODULE FD`` (not a fork of the threaded front
+    end, and not multiprocessing's spawn, which would re-run the user's main module),
+    inheriting only the pipe ``fd``.
 
     It runs in a session of its own: Ctrl+C at a terminal goes to the foreground process group,
     and must reach the front end alone, which stops its workers itself (even a worker that has
     not yet set its signals, still importing, would print a ``KeyboardInterrupt`` traceback)."""
-    return subprocess.Popen([sys.executable, "-m", "workers.worker_main", str(fd)],
+    return subprocess.Popen([sys.executable, "-m", module, str(fd)],
                             pass_fds=(fd,), env=worker_env(), start_new_session=True)
 
 

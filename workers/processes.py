@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-import socket
 import threading
 import time
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +33,7 @@ from telemetry.stats import ServerStats
 from transport.coalesce import coalesced_sends
 from workers.executors import ExecutorSet
 from workers.handle import WorkerHandle
-from workers.launch import exit_words, start_worker, wait_exit
+from workers.launch import exit_words, spawn, wait_exit
 from workers.pipe_items import Job
 
 log = logging.getLogger(__name__)
@@ -126,12 +124,9 @@ class ProcessBackend:
         A fresh interpreter (``python -m workers.worker_main``), not a fork of this threaded
         process, and not multiprocessing's spawn, which would re-run the user's main module.
         """
-        ours_sock, theirs = socket.socketpair()
-        with theirs:
-            process = start_worker(theirs.fileno())
-        ours = Connection(ours_sock.detach())
         executor = self.executors.address_of(handle.device) if self.executors else None
-        ours.send((self.config, handle.index, handle.device, self.log_level, executor))
+        process, ours = spawn("workers.worker_main", (self.config, handle.index, handle.device,
+                                                      self.log_level, executor))
         with self._cond:
             if self._stopping:  # stop() ran while this process started: it would be orphaned
                 process.kill()

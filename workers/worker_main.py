@@ -43,6 +43,7 @@ from tasks.encoding import release_gil
 from telemetry.stats import ServerStats
 from workers.cpu_policy import apply_cpu_scheduling
 from workers.executor_client import ExecutorEngine
+from workers.launch import serve_child
 from workers.local import LocalBackend
 from workers.pipe_items import Answer, Job
 
@@ -221,22 +222,14 @@ def _always() -> bool:
     return True
 
 
-def main(argv: list[str]) -> int:
-    """``python -m workers.worker_main FD``: FD is this worker's end of the front end's pipe,
-    whose first message is ``(config, index, device, log_level, executor)`` (executor: its
-    device's executor's address and key with ``--executors on``, else None)."""
-    conn = Connection(int(argv[1]))
-    try:
-        config, index, device, log_level, executor = conn.recv()
-    except (EOFError, OSError):
-        return 1
+def main(conn: Connection, first: tuple[Any, ...]) -> int:
+    """``python -m workers.worker_main FD`` (workers/launch.py's ``serve_child``): FD is this
+    worker's end of the front end's pipe, whose first message is ``(config, index, device,
+    log_level, executor)`` (executor: its device's executor's address and key with
+    ``--executors on``, else None)."""
+    config, index, device, log_level, executor = first
     return run_worker(config, index, device, conn, log_level, executor)
 
 
 if __name__ == "__main__":
-    status = main(sys.argv)
-    logging.shutdown()
-    # Everything is answered and closed: skip the interpreter's teardown (a full garbage
-    # collection of the model and tokenizer takes seconds on a busy machine) so that a drained
-    # worker exits at once.
-    os._exit(status)
+    serve_child(sys.argv, main)
