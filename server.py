@@ -21,10 +21,8 @@ import signal
 import socket
 import ssl
 import sys
-import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NoReturn
@@ -38,6 +36,7 @@ from dispatch.serving_log import log_loading, log_serving
 from engines import SETTING_CHOICES as ENGINE_SETTINGS
 from engines.base import Engine
 from engines.devices import check_cuda_devices
+from engines.sim_device import new_folder_name
 from protocol.errors import BadRequest, TooManyConnections
 from protocol.messages import ModelsRequest, PingRequest, Request, StatsRequest
 from scheduling.planner import SETTING_CHOICES as BATCHING_SETTINGS
@@ -72,9 +71,7 @@ class InferenceServer:
                  engine_factory: Callable[[], Engine] | None = None) -> None:
         self._sim_dir: str | None = None  # the simulated devices' folder of this server's own
         if config.inference_engine_type == "sim" and config.sim_device_dir is None:
-            # named now, made by the first engine to load: shared by the worker processes
-            self._sim_dir = os.path.join(tempfile.gettempdir(),
-                                         f"qa-sim-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+            self._sim_dir = new_folder_name()  # shared by the worker processes
             config = replace(config, sim_device_dir=self._sim_dir)
         self.config = config
         self.engine_factory = engine_factory

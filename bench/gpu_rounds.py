@@ -66,9 +66,9 @@ def one_round(engine: Any, model_dir: str, port: int, pairs: list[tuple[str, str
             **{k: v for k, v in sat.items() if k.startswith("gpu_")}}
 
 
-def count(errors: dict[str, int] | int) -> int:
-    """How many errors a run had (its counts by code, or one number)."""
-    return sum(errors.values()) if isinstance(errors, dict) else int(errors)
+def count(errors: dict[str, int]) -> int:
+    """How many errors a run had, from its counts by code."""
+    return sum(errors.values())
 
 
 def summary(rounds: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

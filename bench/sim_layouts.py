@@ -44,14 +44,18 @@ from bench.figures import server_breakdown  # noqa: E402
 from bench.frontend import tokenizer_floor_us, variant  # noqa: E402
 from bench.mix import load_pairs  # noqa: E402
 from bench.pipeload import add_load_options, run_pipelined  # noqa: E402
-from bench.raw import load_raw_task, task_requests  # noqa: E402
+from bench.raw import task_requests  # noqa: E402
 from bench.runs import run_closed_loop  # noqa: E402
 from bench.servers import qa_model_dir, start_server, stop_servers  # noqa: E402
 from clients.blocking import Client  # noqa: E402
+from engines.model_dir import load_model_info  # noqa: E402
 from engines.sim_device import SimDevice, SimSettings  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
+from settings.server_config import ServerConfig  # noqa: E402
+from tasks import load_task  # noqa: E402
 
-BUCKETS = (64, 128, 256, 384)
+#: The servers' --length_buckets.
+LENGTHS = "64,128,256,384"
 
 
 def best_per_row_ms(device: SimDevice, length: int, max_tokens: int) -> float:
@@ -65,12 +69,12 @@ def device_ceilings(model_dir: str, pairs: list[tuple[str, str]], device: SimDev
                     max_tokens: int) -> dict[str, float]:
     """The device's best-batch capacity in requests/s of the mix, and the median device time
     of one request alone at batch 1 (its windows as one batch), in ms."""
-    task = load_raw_task(model_dir)
+    task = load_task(model_dir, load_model_info(model_dir), ServerConfig(length_buckets=LENGTHS))
     best: list[float] = []  # per request: device ms with each window in the best batch
     alone: list[float] = []
     for request in task_requests(task, pairs):
         features = task.features(request)
-        bucket = next((n for n in BUCKETS if n >= features.max_len), features.max_len)
+        bucket = task.padded_length(features.max_len)  # as the servers' sessions pad it
         best.append(features.rows * best_per_row_ms(device, bucket, max_tokens))
         alone.append(device.device_ms(features.rows, bucket))
     return {"capacity_rps": 1e3 / statistics.mean(best),
@@ -84,7 +88,7 @@ def measure_layout(name: str, flags: str, pairs: list[tuple[str, str]],
     with tempfile.TemporaryDirectory(prefix="sim_layouts_") as folder:
         settings = SimSettings(scale=args.sim_scale, directory=folder)
         server_flags = ["--sim_device_dir", folder, "--sim_scale", str(args.sim_scale),
-                        "--length_buckets", ",".join(map(str, BUCKETS)),
+                        "--length_buckets", LENGTHS,
                         "--max_batch_size", str(args.max_batch_size),
                         "--max_batch_tokens", str(args.max_batch_tokens), *shlex.split(flags)]
         proc, port = start_server("sim", args.model_dir, args.sessions, server_flags,

@@ -36,6 +36,7 @@ import struct
 import tempfile
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,6 +232,12 @@ def _check_whole_grid(curve: CostCurve, variant: Variant) -> None:
         raise ValueError(f"the cost curve's {variant.label()} misses {len(missing)} shapes "
                          f"({', '.join(missing[:4])}...): a simulated device needs the whole "
                          "grid; run the GPU check with time for it")
+
+
+def new_folder_name() -> str:
+    """A fresh name for the device files of one server's processes (its own, shared by its
+    workers); nothing is made until an engine opens a device there."""
+    return os.path.join(tempfile.gettempdir(), f"qa-sim-{os.getpid()}-{uuid.uuid4().hex[:12]}")
 
 
 _own_dir: str | None = None
