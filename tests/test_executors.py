@@ -8,6 +8,7 @@ import signal
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -15,8 +16,7 @@ from client import Client
 from protocol import encode_frame, qa_request
 from server import InferenceServer, ServerConfig
 from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, wait_until
-from tests.test_server_process import drain_log, start_server
-from tests.test_workers import alive
+from tests.test_workers import alive, sigterm_under_load
 
 
 def executor_config(model_dir: Path, **overrides: object) -> ServerConfig:
@@ -53,17 +53,23 @@ def test_one_executor_batches_the_rows_of_both_worker_processes(tiny_model_dir: 
     assert "in the executor of auto" in stats["engine"]["description"]
 
 
+def killed_under_load(srv: InferenceServer, pid: int, total: int) -> dict[int, Any]:
+    """Every reply (each once, or recv_replies fails) to ``total`` pipelined requests, with
+    process ``pid`` killed (SIGKILL) once 20 of them are answered."""
+    conn = pipelined(srv.address, total)
+    wait_until(lambda: srv.stats.snapshot()["requests"].get("qa", {}).get("ok", 0) > 20)
+    os.kill(pid, signal.SIGKILL)
+    replies = conn.recv_replies(total)  # every one answered: nothing left hanging
+    conn.close()
+    return replies
+
+
 def test_an_executor_killed_under_load_fails_only_what_it_held_and_is_restarted(
         tiny_model_dir: Path) -> None:
     with InferenceServer(executor_config(tiny_model_dir)) as srv:
         with Client(*srv.address) as client:
             victim = client.stats(timeout=30)["executors"][0]["pid"]
-        total = 400
-        conn = pipelined(srv.address, total)
-        wait_until(lambda: srv.stats.snapshot()["requests"].get("qa", {}).get("ok", 0) > 20)
-        os.kill(victim, signal.SIGKILL)
-        replies = conn.recv_replies(total)  # every one answered, once: nothing left hanging
-        conn.close()
+        replies = killed_under_load(srv, victim, 400)
         codes = {reply["error"]["code"] for reply in replies.values() if not reply["ok"]}
         assert codes <= {"engine_error"}, codes
         assert any(not reply["ok"] for reply in replies.values()), "it held none: make it slower"
@@ -90,25 +96,14 @@ def test_an_executor_killed_under_load_fails_only_what_it_held_and_is_restarted(
 
 def test_sigterm_with_executors_drains_every_admitted_request_and_exits_zero(
         tiny_model_dir: Path) -> None:
-    proc, address, lines = start_server(
-        "--model_dir", str(tiny_model_dir), "--workers", "2", "--executors", "on",
-        "--inference_engine_type", "sim", "--sim_scale", "0.05", "--max_batch_size", "4")
-    reader = drain_log(proc, lines)
-    with Client(*address) as observer:
-        executor = observer.stats(timeout=30)["executors"][0]["pid"]
-        total = 150
-        conn = pipelined(address, total)
-        deadline = time.monotonic() + 60
-        while (stats := observer.stats(timeout=30))["admitted"] < total:
-            assert time.monotonic() < deadline, stats
-            time.sleep(0.01)
-        assert stats["in_flight"] > 0, "the load finished before the signal; make it heavier"
-        proc.send_signal(signal.SIGTERM)
-        replies = conn.recv_replies(total)
+    replies, status, log, before = sigterm_under_load(
+        ["--model_dir", str(tiny_model_dir), "--workers", "2", "--executors", "on",
+         "--inference_engine_type", "sim", "--sim_scale", "0.05", "--max_batch_size", "4"],
+        total=150, repeat=1)
     assert all(reply["ok"] for reply in replies.values())
-    assert proc.wait(timeout=60) == 0
-    reader.join(10)
-    assert "all admitted requests answered" in "".join(lines)
+    assert status == 0
+    assert "all admitted requests answered" in log
+    executor = before["executors"][0]["pid"]
     wait_until(lambda: not alive(executor), timeout=10)
 
 
@@ -150,12 +145,7 @@ def test_a_worker_killed_under_load_with_executors_loses_no_reply(tiny_model_dir
     with InferenceServer(executor_config(tiny_model_dir)) as srv:
         with Client(*srv.address) as client:
             victim = client.stats(timeout=30)["workers"][0]["pid"]
-        total = 300
-        conn = pipelined(srv.address, total)
-        wait_until(lambda: srv.stats.snapshot()["requests"].get("qa", {}).get("ok", 0) > 20)
-        os.kill(victim, signal.SIGKILL)
-        replies = conn.recv_replies(total)  # its jobs on the executor go nowhere, harmlessly
-        conn.close()
+        replies = killed_under_load(srv, victim, 300)  # its jobs on the executor: nowhere
         codes = {reply["error"]["code"] for reply in replies.values() if not reply["ok"]}
         assert codes <= {"worker_lost"}, codes
         wait_until(lambda: srv.ready)

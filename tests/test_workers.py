@@ -10,6 +10,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -162,17 +163,18 @@ def test_a_worker_killed_under_load_loses_no_reply_and_is_restarted(
     assert stats["in_flight"] == 0
 
 
-def test_sigterm_with_workers_drains_every_admitted_request_and_exits_zero(
-        tiny_model_dir: Path) -> None:
-    proc, address, lines = start_server("--model_dir", str(tiny_model_dir), "--workers", "2",
-                                        "--num_inference_sessions", "1",
-                                        "--threads_per_session", "1")
+def sigterm_under_load(args: list[str], total: int,
+                       repeat: int) -> tuple[dict[int, Any], int, str, dict[str, Any]]:
+    """A server process started with ``args``, sent ``total`` pipelined requests (contexts
+    repeated ``repeat`` times), and SIGTERM once all are admitted while some are still in
+    flight: (every reply by id, its exit status, its log, its stats before the load)."""
+    proc, address, lines = start_server(*args)
     reader = drain_log(proc, lines)
     with Client(*address) as observer:
-        pids = [w["pid"] for w in observer.stats(timeout=30)["workers"]]
+        before = observer.stats(timeout=30)
         conn = RawConnection(address)
-        total = 200
-        conn.send_raw(b"".join(encode_frame(qa_request(i, QUESTIONS[i % 6], CONTEXTS[i % 6] * 8))
+        conn.send_raw(b"".join(encode_frame(qa_request(i, QUESTIONS[i % 6],
+                                                       CONTEXTS[i % 6] * repeat))
                                for i in range(total)))
         deadline = time.monotonic() + 60
         while (stats := observer.stats(timeout=30))["admitted"] < total:
@@ -181,10 +183,20 @@ def test_sigterm_with_workers_drains_every_admitted_request_and_exits_zero(
         assert stats["in_flight"] > 0, "the load finished before the signal; make it heavier"
         proc.send_signal(signal.SIGTERM)
         replies = conn.recv_replies(total)
-    assert all(reply["ok"] for reply in replies.values())
-    assert proc.wait(timeout=60) == 0
+    status = proc.wait(timeout=60)
     reader.join(10)
-    assert "all admitted requests answered" in "".join(lines)
+    return replies, status, "".join(lines), before
+
+
+def test_sigterm_with_workers_drains_every_admitted_request_and_exits_zero(
+        tiny_model_dir: Path) -> None:
+    replies, status, log, before = sigterm_under_load(
+        ["--model_dir", str(tiny_model_dir), "--workers", "2", "--num_inference_sessions", "1",
+         "--threads_per_session", "1"], total=200, repeat=8)
+    assert all(reply["ok"] for reply in replies.values())
+    assert status == 0
+    assert "all admitted requests answered" in log
+    pids = [w["pid"] for w in before["workers"]]
     wait_until(lambda: not any(alive(pid) for pid in pids), timeout=10)
 
 
