@@ -166,6 +166,9 @@ def server_plan(args: argparse.Namespace) -> list[tuple[str, str | None, str, li
     if "onnx" in args.engines and onnx_on_cuda():  # its servers on the CPU tell nothing here
         engines.append(("onnx", None))
     layouts = {"1 process": [], f"--workers {args.workers}": ["--workers", str(args.workers)]}
+    for workers in args.executor_workers:
+        layouts[f"--workers {workers} --executors on"] = ["--workers", str(workers),
+                                                         "--executors", "on"]
     return [(engine, graph, layout, flags) for engine, graph in engines
             for layout, flags in layouts.items()]
 
@@ -274,6 +277,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=None,
                    help="the worker-process layout's --workers (default: a quarter of the "
                         "cores, 2 to 4)")
+    p.add_argument("--executor_workers", default=None,
+                   help="--workers of the executor layouts (--executors on), comma-separated "
+                        "(default: the worker layout's, and twice it; 'none': no executor "
+                        "layout)")
     p.add_argument("--sessions", type=int, default=None,
                    help="servers' --num_inference_sessions (default: 2; 1 for the dry run)")
     args = p.parse_args(argv)
@@ -284,6 +291,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.lengths = [int(x) for x in args.lengths.split(",")]
     args.server_graphs = args.server_graphs.split(",") if args.server_graphs else None
     args.workers = args.workers or min(4, max(2, (os.cpu_count() or 1) // 4))
+    args.executor_workers = ([] if args.executor_workers == "none" else
+                             [int(x) for x in args.executor_workers.split(",")]
+                             if args.executor_workers else [args.workers, 2 * args.workers])
     args.sessions = args.sessions or (1 if args.dry else 2)
     # counts: a GPU run's, or the dry run's small ones
     args.grid_counts = (["--warmup", "1", "--runs", "1", "--min_runs", "1", "--cell_s", "0",

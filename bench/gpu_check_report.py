@@ -147,7 +147,8 @@ def grid_table(curve: dict[str, Any], engines: list[dict[str, Any]]) -> str:
 
 def server_table(check: dict[str, Any]) -> str:
     """One row per server: p50 at 1 client against one request alone at batch 1, requests/s
-    and mean batch at saturation, NVML's figures during it."""
+    and mean batch at saturation (the executors' rows per batch beside it), NVML's figures
+    during it."""
     alone = {(e["engine"], e.get("graph_asked")): (e.get("request_batch1") or {}).get("p50_ms")
              for e in check["engines"]}
     lines = ["| engine | graph | layout | precision | p50 at 1 client, ms | one request alone "
@@ -163,9 +164,17 @@ def server_table(check: dict[str, Any]) -> str:
                 for k in ("gpu_util_pct", "gpu_memory_mib", "gpu_power_w")]
         lines.append(f"{head} {row['precision']} | {_ms(row['one_client']['p50_ms'])} | "
                      f"{_ms(alone.get((row['engine'], row.get('graph'))))} | "
-                     f"{sat['throughput_rps']:.1f} | {sat['mean_batch']:.2f} | "
-                     + " | ".join(nvml) + " |")
+                     f"{sat['throughput_rps']:.1f} | {_batch(sat)} | " + " | ".join(nvml) + " |")
     return "\n".join(lines)
+
+
+def _batch(sat: dict[str, Any]) -> str:
+    """The mean batch of the sessions, and where executors run the device, the mean rows
+    of the executors' batches."""
+    mean = f"{sat['mean_batch']:.2f}"
+    if "executor_rows_per_batch" in sat:
+        mean += f" ({sat['executor_rows_per_batch']:.1f} rows on the device)"
+    return mean
 
 
 def print_report(check: dict[str, Any], curve: dict[str, Any]) -> None:

@@ -81,17 +81,20 @@ class Executor:
         self._cond = threading.Condition()
         self._stopping = False
         self.batches = 0
+        self.rows = 0  # rows run, over every batch
+        self.jobs = 0  # jobs answered from a batch
         self.shared_batches = 0  # batches holding the rows of more than one worker process
         self.most_sources = 0
         self._thread = threading.Thread(target=self._loop, name="run-loop", daemon=True)
         self._thread.start()
 
     def figures(self) -> dict[str, Any]:
-        """Batches run, those holding rows of several worker processes, the most processes
-        in one, jobs waiting now, and the device's busy share where the engine knows it."""
+        """Batches, rows and jobs run, the batches holding rows of several worker processes,
+        the most processes in one, jobs waiting now, and the device's busy share where the engine knows it."""
         with self._cond:
             waiting = len(self._jobs)
-        out = {"batches": self.batches, "shared_batches": self.shared_batches,
+        out = {"batches": self.batches, "rows": self.rows, "jobs": self.jobs,
+               "shared_batches": self.shared_batches,
                "most_processes_in_a_batch": self.most_sources, "jobs_waiting": waiting}
         busy = self.engine.device_busy()
         return out if busy is None else {**out, "device_busy": busy}
@@ -139,6 +142,8 @@ class Executor:
         if self.policy.cost is not None:
             self.policy.cost.observe(rows, length, seconds)
         self.batches += 1
+        self.rows += rows
+        self.jobs += len(chosen)
         sources = len({job.source for job in chosen})
         self.shared_batches += sources > 1
         self.most_sources = max(self.most_sources, sources)
