@@ -37,6 +37,9 @@ class Engine(ABC):
     - ``device_s``: seconds the device spent on the last ``run``, where the engine measures it
       (PyTorch on CUDA: CUDA events), set by every run; None: the session times runs by the
       wall clock. The cost model learns from it, so host waits do not make batching look dear.
+    - ``row_steps``: the row counts the engine runs batches at, where it pads a batch's rows up
+      to the next of them (CUDA graphs, captured per shape); None: it runs any count. The cost
+      model then knows that 33 rows cost what 64 do, and batches are cut to fill a step.
     """
 
     name: str = "engine"
@@ -46,6 +49,7 @@ class Engine(ABC):
     output_names: tuple[str, ...] = QA_OUTPUT_NAMES
     device_bound: bool = False
     device_s: float | None = None
+    row_steps: tuple[int, ...] | None = None
 
     @abstractmethod
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -23,7 +23,7 @@ from engines.onnx_providers import (
     provider_report,
     without_tensorrt,
 )
-from engines.shapes import capture_lengths, graph_shapes
+from engines.shapes import capture_lengths, graph_shapes, row_steps
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,7 @@ class OnnxEngine(Engine):
             words = (str(exc).strip().splitlines() or [""])[0][:300]
             return f"capture failed: {type(exc).__name__}: {words}"
         self.session, self.graphs = session, runner
+        self.row_steps = row_steps(runner.shapes)  # batches pad rows to these
         self.binder = BoundRunner(session, self.output_names, "cuda", index,
                                   run_options=graph_options(-1))  # batches no graph holds
         return ""

@@ -38,6 +38,12 @@ def graph_shapes(lengths: Sequence[int], max_tokens: int,
     return sorted(shapes, key=lambda shape: (shape[0] * shape[1], shape), reverse=True)
 
 
+def row_steps(shapes: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+    """The row counts of ``shapes``, ascending: what an engine that runs them pads rows up to
+    (``Engine.row_steps``)."""
+    return tuple(sorted({rows for rows, _ in shapes}))
+
+
 def pick_shape(shapes: Sequence[tuple[int, int]], rows: int,
                length: int) -> tuple[int, int] | None:
     """The captured shape a batch of ``rows`` x ``length`` runs on: the shortest captured length

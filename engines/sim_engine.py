@@ -44,6 +44,7 @@ class SimEngine(ZeroEngine):
         self.sim = SimDevice(device_index(device), settings or SimSettings(), max_tokens)
         self.device = f"sim:{self.sim.index}"
         self.precision = self.sim.variant.precision
+        self.row_steps = tuple(self.sim.curve.data["rows"])  # the GPU's captured row counts
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One batch: the launch, the device's turn, then random outputs; ``device_s`` is the

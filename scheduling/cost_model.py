@@ -1,7 +1,10 @@
 """How long the engine takes for a batch shape, learnt from measurements (warm-up, then online).
 
-Shapes are bucketed: rows to powers of two, padded length to multiples of ``LENGTH_STEP``. Each
-bucket keeps its most recent measurements and answers with their lower median, so one outlier (a
+Shapes are bucketed: rows to powers of two, padded length to multiples of ``LENGTH_STEP``. An
+engine that pads each batch's rows up to fixed row counts (CUDA graphs: ``Engine.row_steps``)
+gives them as the row buckets instead: a batch of 42 rows then costs what the 64-row shape it
+runs on costs, so estimates rise in steps, as the device's time does. Each bucket keeps its most
+recent measurements and answers with their lower median, so one outlier (a
 pause, a noisy neighbour, a batch held up elsewhere) cannot swing a decision: noise only ever adds
 time. ``estimate`` interpolates over rows at the nearest measured length and scales by the tokens
 ratio, so a model warmed on a few shapes can rank any candidate batch. Pure Python, thread-safe;
@@ -10,9 +13,11 @@ it knows nothing of engines or sockets.
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections import deque
+from collections.abc import Sequence
 
 LENGTH_STEP = 32
 WINDOW = 9  # recent measurements kept per bucket
@@ -29,9 +34,15 @@ def length_bucket(length: int) -> int:
 
 
 class CostModel:
-    """Seconds per batch as a function of (rows, padded length)."""
+    """Seconds per batch as a function of (rows, padded length).
 
-    def __init__(self) -> None:
+    Args:
+        row_steps: The row counts the engine pads batches up to (``Engine.row_steps``), if it
+            does; also settable once the engine is loaded (``set_row_steps``).
+    """
+
+    def __init__(self, row_steps: Sequence[int] | None = None) -> None:
+        self._steps: tuple[int, ...] = tuple(sorted(set(row_steps or ())))
         self._lock = threading.Lock()
         self._samples: dict[tuple[int, int], deque[float]] = {}
         self._seconds: dict[tuple[int, int], float] = {}  # lower median of each bucket's samples
@@ -42,6 +53,26 @@ class CostModel:
         # worker's pull size) asks for the same few shapes
         self._estimates: dict[tuple[int, int], float | None] = {}
 
+    def set_row_steps(self, row_steps: Sequence[int] | None) -> None:
+        """The row counts the engine pads batches up to (None or empty: it runs any count);
+        set before it measures, as a session loads its engine."""
+        with self._lock:
+            self._steps = tuple(sorted(set(row_steps or ())))
+            self._estimates.clear()
+
+    @property
+    def stepped(self) -> bool:
+        """Whether the engine pads batches' rows up to steps (``set_row_steps``)."""
+        return bool(self._steps)
+
+    def padded_rows(self, rows: int) -> int:
+        """The rows a batch of ``rows`` runs as: the engine's next row step where it pads to
+        steps and one holds it, else ``rows``."""
+        steps = self._steps
+        if steps and rows <= steps[-1]:
+            return steps[bisect.bisect_left(steps, rows)]
+        return rows
+
     def observe(self, rows: int, length: int, seconds: float, warmup: bool = False) -> None:
         """Record one measured batch (engine time only).
 
@@ -50,9 +81,10 @@ class CostModel:
         so a bucket used rarely is never compared at idle cost against one used often at
         loaded cost.
         """
-        key = (rows_bucket(rows), length_bucket(length))
-        scaled = seconds * key[0] / max(1, rows)  # to the bucket's own row count
         with self._lock:
+            ran = self.padded_rows(rows)  # the device ran these rows: a step's whole shape
+            key = (ran if ran != rows else rows_bucket(rows), length_bucket(length))
+            scaled = seconds * key[0] / max(1, ran)  # to the bucket's own row count
             samples = self._samples.setdefault(key, deque(maxlen=WINDOW))
             if warmup:
                 self._prior.add(key)
@@ -69,10 +101,10 @@ class CostModel:
 
     def estimate(self, rows: int, length: int) -> float | None:
         """Predicted seconds for a batch of ``rows`` padded to ``length``; None before any data."""
-        key = (rows, length_bucket(length))
         with self._lock:
+            key = (self.padded_rows(rows), length_bucket(length))
             if key not in self._estimates:
-                self._estimates[key] = self._nearest(rows, key[1])
+                self._estimates[key] = self._nearest(*key)
             return self._estimates[key]
 
     def _nearest(self, rows: int, want: int) -> float | None:

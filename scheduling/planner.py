@@ -14,7 +14,9 @@
   it adds, padded to the batch's length, is at most SHORTER_SLACK times what its rows cost in
   the cheapest batch of its own length. Requests of the batch's length always join, so
   batches never shrink below them; a request left out leads a batch of its own length once
-  it is the oldest;
+  it is the oldest. On an engine that pads rows up to steps (CUDA graphs), the batch is then
+  cut back to its cheapest prefix per row (``cheapest_prefix``): it fills a step rather than
+  spilling a few rows into the next, twice as dear;
 * the queue delay (from the oldest request's arrival) is spent only when waiting can help: a
   bigger batch would be cheaper per request, other sessions are busy (real load), and requests
   are arriving fast enough that one is expected before the delay runs out.
@@ -25,7 +27,7 @@ scheduling/queue.py calls these under its lock; tests call them on plain lists.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -108,7 +110,27 @@ def plan_batch(waiting: Sequence[Waiting], policy: BatchPolicy) -> list:
     if policy.judged and estimate is not None and len(chosen) > 1 and not estimate.no_dearer(
             rows, length, [(i.rows, i.length) for i in chosen], MIN_GAIN):
         return [oldest]  # not clearly cheaper than running them one by one
+    if policy.fill and estimate is not None and len(chosen) > 1 and policy.cost is not None \
+            and policy.cost.stepped:
+        return cheapest_prefix(chosen, estimate)
     return chosen
+
+
+def cheapest_prefix(chosen: list, estimate: Callable[[int, int], float | None]) -> list:
+    """The longest prefix of ``chosen`` (in the order it was chosen, the oldest first) whose
+    predicted cost per row is the least of any prefix's: where an engine pads rows up to steps
+    (CUDA graphs), 42 rows run as 64 and cost more per row than 32, so the batch stops at 32
+    and the rest leads the next one. All of ``chosen`` where some estimate is missing."""
+    per_row: list[float] = []
+    rows = length = 0
+    for item in chosen:
+        rows, length = rows + item.rows, max(length, item.length)
+        cost = estimate(rows, length)
+        if cost is None:
+            return chosen
+        per_row.append(cost / rows)
+    least = min(per_row) * (1 + 1e-9)  # ties: the longer prefix
+    return chosen[:max(i for i, cost in enumerate(per_row) if cost <= least) + 1]
 
 
 def _dearer(estimate: _Estimates, policy: BatchPolicy, batch: tuple[int, int],

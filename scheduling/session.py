@@ -99,6 +99,8 @@ class InferenceSession(threading.Thread):
             self.engine = self.engine_factory()
             if self.engine.device_bound and not self.policy.fill:
                 self.policy = replace(self.policy, fill=True)  # a GPU: batches fill the caps
+            if self.policy.cost is not None and self.engine.row_steps:
+                self.policy.cost.set_row_steps(self.engine.row_steps)  # CUDA graphs' rows
             self.warm_up(self.engine)
         except BaseException as exc:  # noqa: BLE001 - reported to the server
             self.load_error = exc
@@ -153,27 +155,8 @@ class InferenceSession(threading.Thread):
             if self.queue.closed_and_empty:  # stopped while loading: warm up for nothing
                 return
             engine.run(dummy_feeds(engine.input_names, rows, length))
-        cap, budget = self.policy.cap, self.policy.max_tokens
-        for length in self.warmup_lengths:
-            if self.queue.closed_and_empty:
-                return
-            best, rows = float("inf"), 1
-            while rows <= cap and (not budget or rows * length <= budget or rows == 1):
-                per_row = self._time_shape(engine, rows, length) / rows
-                if per_row > best * (1 - MIN_GAIN):
-                    break  # bigger batches stopped paying clearly at this length
-                best, rows = per_row, rows * 2
-
-    def _time_shape(self, engine: Engine, rows: int, length: int) -> float:
-        feeds = dummy_feeds(engine.input_names, rows, length)
-        seconds = float("inf")
-        for _ in range(2):  # the faster of two: noise (and a first run's allocations) only add
-            started = time.monotonic()
-            engine.run(feeds)
-            seconds = min(seconds, batch_cost(engine, time.monotonic() - started))
-        if self.policy.cost is not None:
-            self.policy.cost.observe(rows, length, seconds, warmup=True)
-        return seconds
+        time_shapes(engine, self.policy, self.warmup_lengths,
+                    lambda: self.queue.closed_and_empty)
 
     def run_batch(self, batch: list[WorkItem]) -> None:
         """Run one batch; every item gets exactly one response, errors scoped to this batch."""
@@ -213,6 +196,31 @@ class InferenceSession(threading.Thread):
 
     def _answer(self, item: WorkItem, outputs: tuple[Any, ...]) -> None:
         item.answer(*answer_of(self.task, item.features, outputs, self.name))
+
+
+def time_shapes(engine: Engine, policy: BatchPolicy, lengths: Sequence[int],
+                stopped: Callable[[], bool] = lambda: False) -> None:
+    """Time the batch shapes batching will use, into ``policy``'s cost model (warm-up): at
+    each length, rows double from 1 while the time per row keeps falling by at least MIN_GAIN,
+    within the policy's caps. Each shape runs twice; the faster time (free of a first run's
+    allocations and of noise, which only add) counts. Ends early once ``stopped()``."""
+    cap, budget = policy.cap, policy.max_tokens
+    for length in lengths:
+        best, rows = float("inf"), 1
+        while rows <= cap and (not budget or rows * length <= budget or rows == 1):
+            if stopped():
+                return
+            feeds = dummy_feeds(engine.input_names, rows, length)
+            seconds = float("inf")
+            for _ in range(2):
+                started = time.monotonic()
+                engine.run(feeds)
+                seconds = min(seconds, batch_cost(engine, time.monotonic() - started))
+            if policy.cost is not None:
+                policy.cost.observe(rows, length, seconds, warmup=True)
+            if seconds / rows > best * (1 - MIN_GAIN):
+                break  # bigger batches stopped paying clearly at this length
+            best, rows = seconds / rows, rows * 2
 
 
 def batch_cost(engine: Engine, wall_s: float) -> float:

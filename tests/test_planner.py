@@ -151,7 +151,21 @@ def one_by_one_plan(waiting: list[Waiting], policy: BatchPolicy) -> list[Waiting
     if policy.mode == "auto" and not policy.fill and len(chosen) > 1 and not cheaper_together(
             policy.cost, None, [(i.rows, i.length) for i in chosen], MIN_GAIN):
         return [oldest]
+    if policy.fill and policy.mode == "auto" and policy.cost is not None and policy.cost.stepped:
+        return cut_to_cheapest_per_row(chosen, policy.cost)
     return chosen
+
+
+def cut_to_cheapest_per_row(chosen: list[Waiting], cost: CostModel) -> list[Waiting]:
+    """The longest prefix of ``chosen`` whose estimate per row is least (all without
+    estimates)."""
+    prefixes = [chosen[:n] for n in range(1, len(chosen) + 1)]
+    costs = [cost.estimate(sum(i.rows for i in p), max(i.length for i in p)) for p in prefixes]
+    if None in costs:
+        return chosen
+    per_row = [c / sum(i.rows for i in p) for c, p in zip(costs, prefixes, strict=True)]
+    return max((p for p, c in zip(prefixes, per_row, strict=True)
+                if c <= min(per_row) * (1 + 1e-9)), key=len)
 
 
 LENGTHS = st.sampled_from([64, 100, 128, 384])
@@ -164,11 +178,11 @@ OBSERVATIONS = st.lists(st.tuples(st.sampled_from([1, 2, 4, 8, 16]), LENGTHS,
 @given(shapes=st.lists(st.tuples(st.integers(1, 3), LENGTHS), min_size=1, max_size=80),
        observed=OBSERVATIONS, mode=st.sampled_from(["auto", "fixed", "off"]),
        cap=st.integers(1, 40), max_tokens=st.sampled_from([None, 512, 2048, 8192]),
-       lookahead=st.integers(1, 128), fill=st.booleans())
+       lookahead=st.integers(1, 128), fill=st.booleans(), stepped=st.booleans())
 def test_plans_match_the_rule_asked_request_by_request(
         shapes: list[tuple[int, int]], observed: list[tuple[int, int, float]], mode: str,
-        cap: int, max_tokens: int | None, lookahead: int, fill: bool) -> None:
-    cost = CostModel()
+        cap: int, max_tokens: int | None, lookahead: int, fill: bool, stepped: bool) -> None:
+    cost = CostModel(row_steps=(1, 2, 4, 8, 16) if stepped else None)
     for rows, length, seconds in observed:
         cost.observe(rows, length, seconds)
     waiting = [Waiting(rows, length) for rows, length in shapes]
@@ -187,6 +201,40 @@ def test_estimates_follow_the_nearest_measured_length_as_lengths_are_measured() 
     cost.observe(1, 512, 0.300)
     assert cost.estimate(1, 448) == 0.300 * 448 / 512  # nearer to the newly measured length
     assert cost.estimate(2, 64) == 0.020  # proportional below the first measured row count
+
+
+def gpu_graph_costs() -> CostModel:
+    """A GPU's costs (a fixed launch, then tokens cheap: about the H100's grid) on an engine
+    that captured CUDA graphs at 1, 2, 4 ... 64 rows."""
+    cost = CostModel(row_steps=(1, 2, 4, 8, 16, 32, 64))
+    for rows in (1, 2, 4, 8, 16, 32, 64):
+        cost.observe(rows, 384, (0.8 + 0.0005 * rows * 384) / 1000, warmup=True)
+    return cost
+
+
+def test_with_row_steps_a_batch_costs_what_the_step_holding_it_costs() -> None:
+    cost = gpu_graph_costs()
+    assert cost.estimate(33, 384) == cost.estimate(64, 384)  # 33 rows replay the 64-row graph
+    assert cost.estimate(32, 384) < cost.estimate(33, 384)
+    cost.observe(42, 384, 0.0131)  # a live batch of 42 rows: the 64-row graph's time, as is
+    assert cost.estimate(64, 384) == 0.0131
+    smooth = CostModel()  # an engine that runs any row count: 42 rows' time scaled to 64
+    smooth.observe(42, 384, 0.0131)
+    assert abs(smooth.estimate(64, 384) - 0.0131 * 64 / 42) < 1e-12
+
+
+def test_a_stepped_engines_batch_fills_a_step_rather_than_spilling_into_the_next() -> None:
+    policy = BatchPolicy(mode="auto", max_items=128, max_tokens=16384, cost=gpu_graph_costs(),
+                         fill=True)
+    forty_two = [Waiting(1, 384) for _ in range(42)]
+    assert plan_batch(forty_two, policy) == forty_two[:32]  # 42 would run as 64, dearer per row
+    sixty_four = [Waiting(1, 256) for _ in range(64)]
+    assert plan_batch(sixty_four, policy) == sixty_four  # a full step: cheapest per row
+    smooth = BatchPolicy(mode="auto", max_items=128, max_tokens=16384, cost=CostModel(),
+                         fill=True)
+    for rows in (1, 2, 4, 8, 16, 32, 64):
+        smooth.cost.observe(rows, 384, (0.8 + 0.0005 * rows * 384) / 1000, warmup=True)
+    assert plan_batch(forty_two, smooth) == forty_two  # no steps: the token budget's fill
 
 
 def test_a_shape_refused_may_join_once_the_batch_has_grown() -> None:

@@ -1,6 +1,7 @@
 """The engine a worker process runs when its device's engine lives in an executor process
 (``--executors on``): each run goes, as one job, to the executor that owns the device, which
-batches it with the jobs of every other worker (workers/executor_main.py).
+batches its rows with those of every other worker (workers/executor_loop.py). The batch goes
+cut into groups by each row's own length and comes back joined (workers/executor_wire.py).
 
 Each session of a worker holds one connection (a Unix socket), so a session's run is one send
 and one receive, with nothing to share between threads. A connection that breaks (the executor
@@ -22,6 +23,16 @@ import numpy as np
 
 from engines.base import Engine
 from engines.model_dir import load_model_info
+from workers.executor_wire import (
+    FIXED_WIDTH_TASKS,
+    Answer,
+    Described,
+    Failure,
+    Hello,
+    Job,
+    join_groups,
+    split_by_length,
+)
 
 #: Seconds a new engine waits for its executor to accept (it is started before the workers).
 CONNECT_S = 30.0
@@ -44,6 +55,8 @@ class ExecutorEngine(Engine):
         address: The executor's Unix socket.
         authkey: The key the executor's listener checks.
         device: The executor's device, for descriptions.
+        buckets: The server's length buckets (``--length_buckets``): rows are trimmed to the
+            first of them (else the graphs' default lengths) that holds their tokens.
         connect_s: How long the first connection may take.
     """
 
@@ -51,10 +64,14 @@ class ExecutorEngine(Engine):
     device_bound = True
 
     def __init__(self, model_dir: str | Path, address: str, authkey: bytes, device: str,
-                 connect_s: float = CONNECT_S) -> None:
+                 buckets: tuple[int, ...] = (), connect_s: float = CONNECT_S) -> None:
         info = load_model_info(model_dir)
         self.input_names = tuple(info.input_names)
         self.output_names = tuple(info.output_names)
+        self.buckets = buckets
+        self.per_token = info.task not in FIXED_WIDTH_TASKS
+        #: Seconds the last job waited in the executor for its last rows' batch to start.
+        self.queued_s: float | None = None
         self.address, self.authkey, self.device = address, authkey, device
         self._ids = itertools.count()
         self._conn: Connection | None = None
@@ -72,19 +89,21 @@ class ExecutorEngine(Engine):
             self._open(0.0)  # restarted meanwhile? else fail at once
         assert self._conn is not None
         job_id = next(self._ids)
+        rows, width = next(iter(feeds.values())).shape
+        split = split_by_length(feeds, self.buckets)
         try:
-            self._conn.send(("run", job_id, dict(feeds)))
+            self._conn.send(Job(job_id, split.groups))
             reply = self._conn.recv()
         except (EOFError, OSError) as exc:
             self._drop()
             raise ExecutorLost(f"the executor of {self.device} was lost with this batch "
                                f"({type(exc).__name__})") from exc
-        kind, answered, payload, device_s = reply
-        assert answered == job_id, (answered, job_id)
-        if kind == "err":
-            raise RuntimeError(payload)
-        self.device_s = device_s
-        return payload
+        assert reply.job_id == job_id, (reply.job_id, job_id)
+        if isinstance(reply, Failure):
+            raise RuntimeError(reply.message)
+        assert isinstance(reply, Answer), type(reply).__name__
+        self.device_s, self.queued_s = reply.device_s, reply.queued_s
+        return join_groups(reply.outputs, split.places, rows, width, self.per_token)
 
     def describe(self) -> str:
         """What the executor runs, and that this process reaches it over a socket."""
@@ -102,11 +121,12 @@ class ExecutorEngine(Engine):
         """
         self._conn = self._connect(within_s)
         try:
-            self._conn.send(("hello", os.getpid()))
-            self.described = str(self._conn.recv())
+            self._conn.send(Hello(os.getpid()))
+            described: Described = self._conn.recv()
         except (EOFError, OSError) as exc:
             self._drop()
             raise ExecutorLost(f"the executor of {self.device} closed the connection") from exc
+        self.described, self.precision = described.description, described.precision
 
     def _connect(self, within_s: float) -> Connection:
         """A connection to the executor, trying for ``within_s`` seconds (once at least).

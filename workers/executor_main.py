@@ -7,14 +7,11 @@ authkey, log_level)`` first, then ``("stats",)`` any number of times, then ``("s
 executor -> front end: ``("ready", description)`` or ``("failed", message)``, then
 ``("stats", figures)`` for each ``("stats",)``.
 
-Workers connect to ``address`` (a Unix socket; workers/executor_client.py), one connection per
-session, say ``("hello", pid)`` (answered with the engine's description), and send ``("run",
-job_id, feeds)``: one batch their task collated, rows x its padded
-length. The executor's one run loop takes the waiting jobs as a GPU engine's session takes
-requests (scheduling/planner.py, with ``fill``: up to the token budget, a longer job only where
-the device's learnt costs say it pays), pads them to one length, runs them as one batch, and
-sends each job its rows of the outputs (per-token outputs cut back to its length) as
-``("out", job_id, outputs, device_s)``, or ``("err", job_id, message, None)``.
+Before it says ready it times the batch shapes it will run, for its cost model. Workers
+connect to ``address`` (a Unix socket; workers/executor_client.py), one connection per session,
+and speak workers/executor_wire.py's messages: a ``Hello`` (answered with ``Described``), then
+``Job``s, each a worker batch's rows in groups by length, answered by an ``Answer`` or a
+``Failure`` once all its rows have run (workers/executor_loop.py forms the batches).
 
 It ignores SIGINT and SIGTERM: the front end stops it after the workers have drained. Finding
 the front end's end of the pipe closed, it exits.
@@ -27,157 +24,42 @@ import os
 import signal
 import sys
 import threading
-import time
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
-import numpy as np
-
-from engines.base import Engine
 from engines.model_dir import load_model_info
+from engines.shapes import capture_lengths
 from scheduling.cost_model import CostModel
-from scheduling.planner import BatchPolicy, plan_batch
-from scheduling.session import batch_cost, dummy_feeds
+from scheduling.planner import BatchPolicy
+from scheduling.session import dummy_feeds, time_shapes
 from settings.server_config import ServerConfig
+from workers.executor_loop import Executor, Link
+from workers.executor_wire import FIXED_WIDTH_TASKS, Described, Hello, Job
 from workers.launch import serve_child
 from workers.local import default_engine_factory
 
 log = logging.getLogger("executor")
 
-#: Tasks whose outputs are one row of numbers per input row, not one per token.
-FIXED_WIDTH_TASKS = frozenset({"embed", "classify"})
-
-
-@dataclass(eq=False)
-class Pending:
-    """One worker's job waiting for the device (what the planner reads: rows, length,
-    enqueued_at)."""
-
-    conn: Connection
-    lock: threading.Lock
-    job_id: int
-    feeds: dict[str, np.ndarray]
-    rows: int
-    length: int
-    source: int = 0  # the worker process's pid
-    enqueued_at: float = field(default_factory=time.monotonic)
-
-    def reply(self, message: tuple[Any, ...]) -> None:
-        """Send on the job's connection; a worker that is gone is nobody to answer."""
-        try:
-            with self.lock:
-                self.conn.send(message)
-        except OSError:
-            pass
-
-
-class Executor:
-    """The run loop: jobs from every connection in, batches through the engine, rows back."""
-
-    def __init__(self, engine: Engine, policy: BatchPolicy, per_token: bool) -> None:
-        self.engine, self.policy, self.per_token = engine, policy, per_token
-        self._jobs: list[Pending] = []
-        self._cond = threading.Condition()
-        self._stopping = False
-        self.batches = 0
-        self.rows = 0  # rows run, over every batch
-        self.jobs = 0  # jobs answered from a batch
-        self.shared_batches = 0  # batches holding the rows of more than one worker process
-        self.most_sources = 0
-        self._thread = threading.Thread(target=self._loop, name="run-loop", daemon=True)
-        self._thread.start()
-
-    def figures(self) -> dict[str, Any]:
-        """Batches, rows and jobs run, the batches holding rows of several worker processes,
-        the most processes in one, jobs waiting now, and the device's busy share where the engine knows it."""
-        with self._cond:
-            waiting = len(self._jobs)
-        out = {"batches": self.batches, "rows": self.rows, "jobs": self.jobs,
-               "shared_batches": self.shared_batches,
-               "most_processes_in_a_batch": self.most_sources, "jobs_waiting": waiting}
-        busy = self.engine.device_busy()
-        return out if busy is None else {**out, "device_busy": busy}
-
-    def submit(self, job: Pending) -> None:
-        """Queue one job for the next batch."""
-        with self._cond:
-            self._jobs.append(job)
-            self._cond.notify()
-
-    def stop(self, timeout: float) -> None:
-        """Run what is queued, then end the loop."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: bool(self._jobs) or self._stopping)
-                if not self._jobs:
-                    return
-                chosen = plan_batch(self._jobs[:self.policy.lookahead], self.policy)
-                taken = set(map(id, chosen))
-                self._jobs = [job for job in self._jobs if id(job) not in taken]
-            self._run(chosen)
-
-    def _run(self, chosen: list[Pending]) -> None:
-        """One batch of ``chosen`` jobs, each answered once."""
-        length = max(job.length for job in chosen)
-        names = self.engine.input_names
-        feeds = {name: np.concatenate([_pad(job.feeds[name], length) for job in chosen])
-                 for name in names}
-        rows = sum(job.rows for job in chosen)
-        started = time.monotonic()
-        try:
-            outputs = self.engine.run(feeds)
-        except Exception as exc:  # noqa: BLE001 - the batch's jobs fail, the loop goes on
-            log.exception("the engine failed on a batch of %d rows", rows)
-            for job in chosen:
-                job.reply(("err", job.job_id, f"{type(exc).__name__}: {exc}", None))
-            return
-        seconds = batch_cost(self.engine, time.monotonic() - started)
-        if self.policy.cost is not None:
-            self.policy.cost.observe(rows, length, seconds)
-        self.batches += 1
-        self.rows += rows
-        self.jobs += len(chosen)
-        sources = len({job.source for job in chosen})
-        self.shared_batches += sources > 1
-        self.most_sources = max(self.most_sources, sources)
-        first = 0
-        for job in chosen:
-            part = slice(first, first + job.rows)
-            first += job.rows
-            mine = {name: (value[part, :job.length] if self.per_token else value[part])
-                    for name, value in outputs.items()}
-            job.reply(("out", job.job_id, mine, seconds * job.rows / rows))
-
-
-def _pad(values: np.ndarray, length: int) -> np.ndarray:
-    """Rows padded with zeros (pad id, no attention, segment 0) up to ``length`` tokens."""
-    short = length - values.shape[1]
-    return values if short == 0 else np.pad(values, ((0, 0), (0, short)))
-
 
 def serve_connection(conn: Connection, executor: Executor) -> None:
-    """Read one worker session's jobs until it closes."""
-    lock, source = threading.Lock(), 0
+    """Read one worker session's messages until it closes: a ``Hello``, then ``Job``s."""
+    link, engine = Link(conn), executor.engine
     while True:
         try:
             message = conn.recv()
         except (EOFError, OSError):
             conn.close()
             return
-        if message[0] == "hello":  # ("hello", pid): the session's first message
-            source = message[1]
-            Pending(conn, lock, -1, {}, 0, 0).reply(executor.engine.describe())
-            continue
-        _, job_id, feeds = message
-        rows, length = next(iter(feeds.values())).shape
-        executor.submit(Pending(conn, lock, job_id, feeds, rows, length, source))
+        if isinstance(message, Hello):
+            link.source = message.pid
+            link.send(Described(engine.describe(), engine.precision, engine.row_steps))
+        elif isinstance(message, Job):
+            executor.submit(link, message)
+        else:
+            log.warning("a worker sent %s, not a job: closing its connection",
+                        type(message).__name__)
+            conn.close()
+            return
 
 
 def accept_forever(listener: Listener, executor: Executor) -> None:
@@ -204,6 +86,12 @@ def run_executor(config: ServerConfig, device: str, address: str, authkey: bytes
     try:
         engine = default_engine_factory(config, device)()  # as a worker's session would
         engine.run(dummy_feeds(engine.input_names, 1, 16))  # the first run allocates
+        policy = BatchPolicy(mode="auto", max_items=config.max_batch_size * 4,
+                             max_tokens=config.max_batch_tokens,
+                             lookahead=config.batch_lookahead,
+                             cost=CostModel(engine.row_steps), fill=True)
+        info = load_model_info(config.model_dir)
+        time_shapes(engine, policy, capture_lengths(config.bucket_lengths(), info.max_seq_len))
         if os.path.exists(address):
             os.unlink(address)  # a killed executor's socket file
         listener = Listener(address, family="AF_UNIX", authkey=authkey)
@@ -211,11 +99,7 @@ def run_executor(config: ServerConfig, device: str, address: str, authkey: bytes
         log.error("cannot start: %s: %s", type(exc).__name__, exc)
         control.send(("failed", f"{type(exc).__name__}: {exc}"))
         return 1
-    policy = BatchPolicy(mode="auto", max_items=config.max_batch_size * 4,
-                         max_tokens=config.max_batch_tokens, lookahead=config.batch_lookahead,
-                         cost=CostModel(), fill=True)
-    task = load_model_info(config.model_dir).task
-    executor = Executor(engine, policy, per_token=task not in FIXED_WIDTH_TASKS)
+    executor = Executor(engine, policy, per_token=info.task not in FIXED_WIDTH_TASKS)
     threading.Thread(target=accept_forever, args=(listener, executor), daemon=True,
                      name="accept").start()
     control.send(("ready", engine.describe()))

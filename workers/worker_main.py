@@ -127,7 +127,8 @@ def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
         # its queue holds whatever the front end may hand it: admission was the front end's
         local = replace(config, workers=1, max_queue=max(config.max_queue, config.worker_window()))
         factory = None if executor is None else partial(
-            ExecutorEngine, config.model_dir, *executor, device)  # its device's executor
+            ExecutorEngine, config.model_dir, *executor, device,
+            config.bucket_lengths())  # its device's executor
         backend = LocalBackend(local, info, stats, device=device, engine_factory=factory)
         backend.start()
     except Exception as exc:  # noqa: BLE001 - reported to the front end, which exits

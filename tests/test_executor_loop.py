@@ -1,0 +1,104 @@
+"""An executor's batches in one process: a worker batch cut into groups by length and joined
+back, batches that fill a CUDA graph's row step, and jobs answered whole and once, with the tiny
+model on ONNX Runtime and real connections (multiprocessing pipes)."""
+
+from __future__ import annotations
+
+from multiprocessing import Pipe
+from pathlib import Path
+
+import numpy as np
+
+from engines.onnx_engine import OnnxEngine
+from scheduling.cost_model import CostModel
+from scheduling.planner import BatchPolicy, plan_batch
+from scheduling.session import time_shapes
+from workers.executor_loop import Executor, JobState, Link, Piece, fill_step
+from workers.executor_wire import Answer, Job, join_groups, split_by_length
+
+
+def batch_of(lengths: list[int], width: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """A collated batch: row i has ``lengths[i]`` real tokens, then padding up to ``width``."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1000, 2000, size=(len(lengths), width))
+    mask = (np.arange(width)[None, :] < np.array(lengths)[:, None]).astype(np.int64)
+    return {"input_ids": ids * mask, "attention_mask": mask,
+            "token_type_ids": np.zeros_like(ids)}
+
+
+def test_a_batch_cut_by_row_length_runs_to_the_same_outputs_once_joined(
+        tiny_model_dir: Path) -> None:
+    engine = OnnxEngine(tiny_model_dir, device="cpu", intra_op_threads=1)
+    lengths = [10, 100, 60, 200, 5]
+    feeds = batch_of(lengths, 256)
+    split = split_by_length(feeds, (64, 128, 256))
+    assert [next(iter(g.values())).shape for g in split.groups] == [(3, 64), (1, 128), (1, 256)]
+    assert [p.tolist() for p in split.places] == [[0, 2, 4], [1], [3]]
+    joined = join_groups([engine.run(group) for group in split.groups], split.places,
+                         rows=5, width=256, per_token=True)
+    whole = engine.run(feeds)
+    for name, value in whole.items():
+        assert joined[name].shape == value.shape
+        for row, length in enumerate(lengths):  # the real tokens' outputs: trimming is padding
+            np.testing.assert_allclose(joined[name][row, :length], value[row, :length],
+                                       rtol=1e-4, atol=1e-4)
+    pooled = [{"embeddings": np.full((len(p), 4), float(i))} for i, p in enumerate(split.places)]
+    rows = join_groups(pooled, split.places, rows=5, width=256, per_token=False)["embeddings"]
+    assert rows[:, 0].tolist() == [0.0, 1.0, 0.0, 2.0, 0.0]  # one row per input, in order
+
+
+def gpu_graph_policy(max_tokens: int) -> BatchPolicy:
+    """A GPU's costs (a fixed launch, tokens cheap) on an engine with graphs of 1 to 64 rows."""
+    cost = CostModel(row_steps=(1, 2, 4, 8, 16, 32, 64))
+    for rows in (1, 2, 4, 8, 16, 32, 64):
+        cost.observe(rows, 64, (0.8 + 0.0005 * rows * 64) / 1000, warmup=True)
+    return BatchPolicy(mode="auto", max_items=64, max_tokens=max_tokens, cost=cost, fill=True)
+
+
+def pieces_of(*rows: int) -> list[Piece]:
+    send, _ = Pipe()
+    jobs = [JobState(Link(send), Job(n, [batch_of([64] * r, 64)])) for n, r in enumerate(rows)]
+    return [Piece(job, 0, 0, r, 64, float(n)) for n, (job, r) in enumerate(zip(jobs, rows))]
+
+
+def test_a_batch_fills_its_row_step_with_part_of_the_next_job() -> None:
+    policy = gpu_graph_policy(max_tokens=64 * 64)
+    window = pieces_of(20, 20, 30)
+    chosen = fill_step(plan_batch(window, policy), window, policy)
+    assert [p.rows for p in chosen] == [20, 20, 24]  # 40 rows run as 64: 24 of the third job
+    assert [p.first for p in chosen] == [0, 0, 0]
+    assert (window[2].first, window[2].rows) == (24, 6)  # its rest waits at its place
+    assert chosen[2].state is window[2].state
+    lone = pieces_of(20)
+    assert fill_step(plan_batch(lone, policy), lone, policy) == lone  # nothing else waits
+    without_steps = BatchPolicy(mode="auto", max_items=64, max_tokens=64 * 64, cost=CostModel(),
+                                fill=True)
+    window = pieces_of(20, 20, 30)
+    assert [p.rows for p in fill_step(window[:2], window, without_steps)] == [20, 20]
+
+
+def test_every_job_is_answered_once_with_its_own_rows_outputs(tiny_model_dir: Path) -> None:
+    engine = OnnxEngine(tiny_model_dir, device="cpu", intra_op_threads=1)
+    policy = BatchPolicy(mode="auto", max_items=64, max_tokens=16 * 64,
+                         cost=CostModel(row_steps=(1, 2, 4, 8, 16)), fill=True)
+    time_shapes(engine, policy, (64,))
+    executor = Executor(engine, policy, per_token=True)
+    ours, theirs = Pipe()
+    link = Link(theirs)
+    jobs = [Job(n, split_by_length(batch_of([40 + n] * rows, 64, seed=n), (64,)).groups)
+            for n, rows in enumerate((5, 9, 13, 3, 7))]
+    for job in jobs:
+        executor.submit(link, job)
+    answers = [ours.recv() for _ in jobs]
+    executor.stop(timeout=10)
+    assert not ours.poll(0.2)  # nothing answered twice
+    assert sorted(a.job_id for a in answers) == [0, 1, 2, 3, 4]
+    for answer in answers:
+        assert isinstance(answer, Answer)
+        [group] = jobs[answer.job_id].groups
+        expected = engine.run(group)
+        for name, value in expected.items():
+            np.testing.assert_allclose(answer.outputs[0][name], value, rtol=1e-4, atol=1e-4)
+    figures = executor.figures()
+    assert figures["rows"] == 37 and figures["jobs"] == 5
+    assert figures["pieces_waiting"] == 0

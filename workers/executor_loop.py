@@ -1,0 +1,272 @@
+"""An executor's run loop (``--executors on``): the rows of every worker's jobs in, batches
+through the device's one engine, each job's outputs back once all its rows have run.
+
+A job's groups (workers/executor_wire.py: one padded length each) wait as pieces of rows. The
+loop plans each batch over the waiting pieces as a GPU session plans over requests
+(scheduling/planner.py with ``fill``), then, where the engine pads rows up to steps (CUDA
+graphs), fills the step the batch runs at anyway with rows of pieces left out, no longer than
+the batch: a piece may be split, its remainder waiting at its place in the queue. So a batch of
+30 rows on a graph of 32 takes 2 more rows where any are waiting, and a worker's job of 15 rows
+may run across two batches.
+
+Two threads: the run loop (plan, pad, run) and the reply thread (cut each batch's outputs back
+into its pieces, and answer each job once its last piece has run), so that the device's next
+batch is planned and started while the last one's answers are cut and sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from queue import SimpleQueue
+from typing import Any
+
+import numpy as np
+
+from engines.base import Engine
+from scheduling.planner import BatchPolicy, plan_batch
+from scheduling.session import batch_cost
+from workers.executor_wire import Answer, Failure, Job
+
+log = logging.getLogger("executor")
+
+
+class Link:
+    """One worker session's connection, as the executor answers on it (the reply thread and
+    the connection's own thread both send)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.source = 0  # the worker process's pid, from its hello
+        self._lock = threading.Lock()
+
+    def send(self, message: Any) -> None:
+        """Send; a worker that is gone is nobody to answer."""
+        try:
+            with self._lock:
+                self.conn.send(message)
+        except OSError:
+            pass
+
+
+class JobState:
+    """One job in the executor: its pieces' outputs as they run; answered once."""
+
+    def __init__(self, link: Link, job: Job) -> None:
+        self.link, self.job_id, self.groups = link, job.job_id, job.groups
+        self.arrived = time.monotonic()
+        self.parts: list[list[tuple[int, dict[str, np.ndarray]]]] = [[] for _ in job.groups]
+        self.left = sum(_rows(group) for group in job.groups)
+        self.device_s = 0.0
+        self.last_start = self.arrived
+        self.answered = False
+
+    def add(self, group: int, first: int, outputs: dict[str, np.ndarray], device_s: float,
+            started: float) -> bool:
+        """One piece's outputs; True when that was the job's last and it is now answered."""
+        if self.answered:
+            return False  # failed already
+        self.parts[group].append((first, outputs))
+        self.device_s += device_s
+        self.last_start = max(self.last_start, started)
+        self.left -= len(next(iter(outputs.values())))
+        if self.left > 0:
+            return False
+        joined = [_in_order(parts) for parts in self.parts]
+        self.answered = True
+        self.link.send(Answer(self.job_id, joined, self.device_s,
+                              self.last_start - self.arrived))
+        return True
+
+    def fail(self, message: str) -> None:
+        """Answer the job with ``message``, unless it is answered already."""
+        if not self.answered:
+            self.answered = True
+            self.link.send(Failure(self.job_id, message))
+
+
+@dataclass(eq=False)
+class Piece:
+    """Rows ``first`` to ``first + rows`` of one group of a job (what the planner reads: rows,
+    length, enqueued_at)."""
+
+    state: JobState
+    group: int
+    first: int
+    rows: int
+    length: int
+    enqueued_at: float = field(default_factory=time.monotonic)
+
+    def take(self, rows: int) -> Piece:
+        """The first ``rows`` of this piece as a piece of its own; this one keeps the rest."""
+        head = Piece(self.state, self.group, self.first, rows, self.length, self.enqueued_at)
+        self.first, self.rows = self.first + rows, self.rows - rows
+        return head
+
+    def feed(self, name: str) -> np.ndarray:
+        """This piece's rows of input ``name``."""
+        return self.state.groups[self.group][name][self.first:self.first + self.rows]
+
+
+def fill_step(chosen: list[Piece], window: list[Piece], policy: BatchPolicy) -> list[Piece]:
+    """``chosen`` and, where the engine pads rows up to steps, rows of the pieces of ``window``
+    left out (no longer than the batch, its own length first) up to the step the batch runs
+    at, within the token budget and the cap; the last piece taken may be split."""
+    cost = policy.cost
+    if cost is None or not cost.stepped:
+        return chosen
+    rows, length = sum(p.rows for p in chosen), max(p.length for p in chosen)
+    room = cost.padded_rows(rows) - rows
+    if policy.max_tokens:
+        room = min(room, policy.max_tokens // length - rows)
+    taken = set(map(id, chosen))
+    left_out = sorted((p for p in window if id(p) not in taken and p.length <= length),
+                      key=lambda p: length - p.length)  # stable: oldest first among equals
+    out = list(chosen)
+    for piece in left_out:
+        if room <= 0 or len(out) >= policy.cap:
+            break
+        rows_taken = min(room, piece.rows)
+        out.append(piece if rows_taken == piece.rows else piece.take(rows_taken))
+        room -= rows_taken
+    return out
+
+
+class Executor:
+    """The run loop and the reply thread over one engine (see the module docstring)."""
+
+    def __init__(self, engine: Engine, policy: BatchPolicy, per_token: bool) -> None:
+        self.engine, self.policy, self.per_token = engine, policy, per_token
+        self._pieces: list[Piece] = []
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._ran: SimpleQueue[tuple[list[Piece], Any, float, float] | None] = SimpleQueue()
+        self.counts = {"batches": 0, "rows": 0, "jobs": 0, "shared_batches": 0,
+                       "most_processes_in_a_batch": 0}
+        self.engine_s = 0.0  # wall seconds in the engine's runs
+        self.idle_s = 0.0  # seconds the loop waited with nothing to run
+        self._threads = [threading.Thread(target=self._loop, name="run-loop", daemon=True),
+                         threading.Thread(target=self._replies, name="replies", daemon=True)]
+        for thread in self._threads:
+            thread.start()
+
+    def figures(self) -> dict[str, Any]:
+        """Batches, rows and jobs run, batches holding rows of several worker processes, the
+        most processes in one, pieces waiting now, the seconds in the engine and idle, and the
+        device's busy share where the engine knows it."""
+        with self._cond:
+            waiting = len(self._pieces)
+        out = {**self.counts, "pieces_waiting": waiting, "engine_s": round(self.engine_s, 3),
+               "idle_s": round(self.idle_s, 3)}
+        busy = self.engine.device_busy()
+        return out if busy is None else {**out, "device_busy": busy}
+
+    def submit(self, link: Link, job: Job) -> None:
+        """Queue a job's groups for the coming batches."""
+        state = JobState(link, job)
+        if state.left == 0:
+            link.send(Answer(job.job_id, [dict(g) for g in job.groups], 0.0, 0.0))
+            return
+        pieces = [Piece(state, number, 0, _rows(group), next(iter(group.values())).shape[1],
+                        state.arrived) for number, group in enumerate(job.groups) if _rows(group)]
+        with self._cond:
+            self._pieces.extend(pieces)
+            self._cond.notify()
+
+    def stop(self, timeout: float) -> None:
+        """Run what is queued, answer it, then end both threads."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if not self._pieces and not self._stopping:
+                        waited = time.monotonic()
+                        self._cond.wait_for(lambda: bool(self._pieces) or self._stopping)
+                        self.idle_s += time.monotonic() - waited
+                    if not self._pieces:
+                        return
+                    chosen = self._plan()
+                self._run(chosen)
+        finally:
+            self._ran.put(None)
+
+    def _plan(self) -> list[Piece]:
+        """The next batch's pieces, out of the queue (a split piece's rest stays in it)."""
+        window = self._pieces[:self.policy.lookahead]
+        chosen = fill_step(plan_batch(window, self.policy), window, self.policy)
+        taken = set(map(id, chosen))
+        self._pieces = [piece for piece in self._pieces if id(piece) not in taken]
+        return chosen
+
+    def _run(self, chosen: list[Piece]) -> None:
+        """One batch; its outputs (or the error) go to the reply thread."""
+        length = max(piece.length for piece in chosen)
+        feeds = {name: np.concatenate([_pad(piece.feed(name), length) for piece in chosen])
+                 for name in self.engine.input_names}
+        rows = sum(piece.rows for piece in chosen)
+        started = time.monotonic()
+        try:
+            outputs: Any = self.engine.run(feeds)
+        except Exception as exc:  # noqa: BLE001 - the batch's jobs fail, the loop goes on
+            log.exception("the engine failed on a batch of %d rows", rows)
+            self._ran.put((chosen, exc, 0.0, started))
+            return
+        wall = time.monotonic() - started
+        seconds = batch_cost(self.engine, wall)
+        if self.policy.cost is not None:
+            self.policy.cost.observe(rows, length, seconds)
+        self.engine_s += wall
+        sources = len({piece.state.link.source for piece in chosen})
+        counts = self.counts
+        counts["batches"] += 1
+        counts["rows"] += rows
+        counts["shared_batches"] += sources > 1
+        counts["most_processes_in_a_batch"] = max(counts["most_processes_in_a_batch"], sources)
+        self._ran.put((chosen, outputs, seconds, started))
+
+    def _replies(self) -> None:
+        """Cut each batch's outputs into its pieces; answer the jobs they complete."""
+        while (ran := self._ran.get()) is not None:
+            chosen, outputs, seconds, started = ran
+            if isinstance(outputs, Exception):
+                for piece in chosen:
+                    piece.state.fail(f"{type(outputs).__name__}: {outputs}")
+                continue
+            rows, first = sum(piece.rows for piece in chosen), 0
+            for piece in chosen:
+                part = slice(first, first + piece.rows)
+                first += piece.rows
+                mine = {name: (value[part, :piece.length] if self.per_token else value[part])
+                        for name, value in outputs.items()}
+                if piece.state.add(piece.group, piece.first, mine, seconds * piece.rows / rows,
+                                   started):
+                    self.counts["jobs"] += 1
+
+
+def _rows(group: dict[str, np.ndarray]) -> int:
+    return len(next(iter(group.values()))) if group else 0
+
+
+def _in_order(parts: list[tuple[int, dict[str, np.ndarray]]]) -> dict[str, np.ndarray]:
+    """One group's outputs from its pieces' (first row, outputs), in row order."""
+    if len(parts) == 1:
+        return parts[0][1]
+    parts = sorted(parts, key=lambda part: part[0])
+    return {name: np.concatenate([outputs[name] for _, outputs in parts])
+            for name in parts[0][1]}
+
+
+def _pad(values: np.ndarray, length: int) -> np.ndarray:
+    """Rows padded with zeros (pad id, no attention, segment 0) up to ``length`` tokens."""
+    short = length - values.shape[1]
+    return values if short == 0 else np.pad(values, ((0, 0), (0, short)))
