@@ -160,19 +160,22 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def executor_breakdown(before: dict[str, Any] | None,
-                       after: dict[str, Any] | None) -> dict[str, float]:
-    """The executors' figures over a run (``--executors on``), summed over devices: batches,
-    rows and jobs run, the mean rows and jobs per batch, and the share of batches holding the
-    rows of several worker processes; empty where the server has no executors."""
+def executor_breakdown(before: dict[str, Any] | None, after: dict[str, Any] | None,
+                       seconds: float) -> dict[str, float]:
+    """The executors' figures over a run of ``seconds`` (``--executors on``), summed over
+    devices: batches, the mean rows and jobs per batch, the share of batches holding the rows
+    of several worker processes, the mean wall ms in the engine per batch, and the share of
+    the run the executors' loops waited with nothing to run; empty without executors."""
     was = {e["device"]: e for e in (before or {}).get("executors", [])}
     now = (after or {}).get("executors", [])
     if not now:
         return {}
     sums = {key: sum(e.get(key, 0) - was.get(e["device"], {}).get(key, 0) for e in now)
-            for key in ("batches", "rows", "jobs", "shared_batches")}
+            for key in ("batches", "rows", "jobs", "shared_batches", "engine_s", "idle_s")}
     batches = max(1, sums["batches"])
     return {"executor_batches": sums["batches"],
+            "executor_engine_ms_per_batch": round(1e3 * sums["engine_s"] / batches, 3),
+            "executor_idle_share": round(sums["idle_s"] / (seconds * len(now)), 3),
             "executor_rows_per_batch": round(sums["rows"] / batches, 2),
             "executor_jobs_per_batch": round(sums["jobs"] / batches, 2),
             "executor_shared_share": round(sums["shared_batches"] / batches, 3)}

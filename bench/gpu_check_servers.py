@@ -56,7 +56,9 @@ def measure_server(engine: str, model_dir: str, flags: list[str], pairs: list[tu
     gpu = f", GPU {sat['gpu_util_pct']:.0f}%" if "gpu_util_pct" in sat else ""
     if "executor_batches" in sat:
         gpu += (f", executor batches {sat['executor_rows_per_batch']:.1f} rows from "
-                f"{sat['executor_jobs_per_batch']:.1f} jobs")
+                f"{sat['executor_jobs_per_batch']:.1f} jobs, "
+                f"{sat['executor_engine_ms_per_batch']:.2f} ms in the engine each, loop idle "
+                f"{sat['executor_idle_share']:.0%}")
     print(f"  {engine} {' '.join(flags)}: p50 {row['one_client']['p50_ms']:.2f} ms at 1 client; "
           f"{sat['throughput_rps']:.1f} req/s saturated, mean batch {sat['mean_batch']:.2f}"
           f"{gpu} ({row['elapsed_s']:.0f} s)", flush=True)
@@ -79,5 +81,5 @@ def saturate(port: int, pairs: list[tuple[str, str]], sampler: NvmlSampler,
     return {**load, "seconds": seconds, "throughput_rps": result["throughput_rps"],
             "ok": result["ok"], "errors": result["errors"],
             "mean_batch": server.get("mean_batch_size", 0.0),
-            "load_cpu_s": result["load_cpu_s"], **executor_breakdown(before, after),
+            "load_cpu_s": result["load_cpu_s"], **executor_breakdown(before, after, seconds),
             **sampler.summary()}

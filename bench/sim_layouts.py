@@ -40,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.figures import server_breakdown  # noqa: E402
+from bench.figures import executor_breakdown, server_breakdown  # noqa: E402
 from bench.frontend import tokenizer_floor_us, variant  # noqa: E402
 from bench.mix import load_pairs  # noqa: E402
 from bench.pipeload import add_load_options, run_pipelined  # noqa: E402
@@ -107,7 +107,8 @@ def measure_layout(name: str, flags: str, pairs: list[tuple[str, str]],
                 busy_before = [d.busy_s() for d in devices]
                 sat = run_pipelined("127.0.0.1", port, pairs, seconds=args.seconds, **load)
                 spent = [d.busy_s() - b for d, b in zip(devices, busy_before, strict=True)]
-                busy = statistics.mean(spent) / (time.monotonic() - started)
+                elapsed = time.monotonic() - started
+                busy = statistics.mean(spent) / elapsed
                 after = control.stats(timeout=30)
             for device in devices:
                 device.close()
@@ -116,7 +117,8 @@ def measure_layout(name: str, flags: str, pairs: list[tuple[str, str]],
     server = server_breakdown(before, after, op="qa")
     return {"layout": name, "flags": flags, "p50_ms": one["p50_ms"],
             "throughput_rps": sat["throughput_rps"], "errors": sat["errors"],
-            "device_busy": busy, "mean_batch": server.get("mean_batch_size", 0.0)}
+            "device_busy": busy, "mean_batch": server.get("mean_batch_size", 0.0),
+            **executor_breakdown(before, after, elapsed)}
 
 
 def measure_rounds(args: argparse.Namespace, pairs: list[tuple[str, str]],

@@ -35,7 +35,8 @@ def test_the_dry_run_measures_every_cell_of_every_engine_and_every_server_layout
     # a budget that a slow machine's one-off stall cannot spend (the cut-offs: the tests below)
     done = subprocess.run(
         ["bash", "bench/gpu_check.sh", "--device", "cpu", "--model_dir", str(tiny_model_dir),
-         "--workers", "2", "--budget_s", "900", "--out", str(tmp_path)], cwd=ROOT,
+         "--workers", "2", "--executor_workers", "2", "--budget_s", "900", "--out",
+         str(tmp_path)], cwd=ROOT,
         capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHON": sys.executable})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     curve = load_cost_curve(tmp_path / "cost_curve.json")  # raises unless it follows the schema
@@ -55,11 +56,15 @@ def test_the_dry_run_measures_every_cell_of_every_engine_and_every_server_layout
     # PyTorch's servers (onnxruntime here has no CUDA: its servers would tell nothing)
     servers = check["servers"]
     assert [(s["engine"], s["layout"]) for s in servers] == \
-        [("pytorch", "1 process"), ("pytorch", "--workers 2")]
+        [("pytorch", "1 process"), ("pytorch", "--workers 2"),
+         ("pytorch", "--workers 2 --executors on")]
     for server in servers:
         assert server["one_client"]["p50_ms"] > 0 and not server["one_client"]["errors"]
         assert server["saturation"]["ok"] > 0 and not server["saturation"]["errors"]
         assert server["saturation"]["mean_batch"] >= 1
+    executor = servers[2]["saturation"]  # the executor's own batches, rows from every worker
+    assert executor["executor_batches"] > 0 and executor["executor_rows_per_batch"] >= 1
+    assert 0 <= executor["executor_idle_share"] <= 1
     assert all(e["request_batch1"]["p50_ms"] > 0 for e in check["engines"])
 
     out = done.stdout
@@ -70,6 +75,8 @@ def test_the_dry_run_measures_every_cell_of_every_engine_and_every_server_layout
         assert f"| pytorch | cpu | fp32 | {graph} | 64 | " in out
     assert "| onnx | cpu | fp32 | - | 64 | " in out
     assert "| pytorch | traced | --workers 2 | fp32 | " in out
+    assert "| pytorch | traced | --workers 2 --executors on | fp32 | " in out
+    assert "rows on the device)" in out
 
 
 def _curve() -> dict[str, Any]:
@@ -144,7 +151,8 @@ def test_no_server_starts_once_the_budget_is_spent(tiny_model_dir: Path) -> None
     args = parse_args(["--device", "cpu", "--model_dir", str(tiny_model_dir), "--workers", "2"])
     rows = measure_servers(args, str(tiny_model_dir), Budget(time.time() - 100, 110.0))
     assert [(r["engine"], r["layout"]) for r in rows] == \
-        [("pytorch", "1 process"), ("pytorch", "--workers 2")]
+        [("pytorch", "1 process"), ("pytorch", "--workers 2"),
+         ("pytorch", "--workers 2 --executors on"), ("pytorch", "--workers 4 --executors on")]
     assert all(r["skipped"].startswith("the check's time ran short") for r in rows)
 
 
