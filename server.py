@@ -42,7 +42,7 @@ from protocol.messages import ModelsRequest, PingRequest, Request, StatsRequest
 from scheduling.planner import SETTING_CHOICES as BATCHING_SETTINGS
 from scheduling.waits import StartCancelled, raise_if_cancelled, wait_until_set
 from settings.choices import SettingRegistry
-from settings.server_config import ServerConfig, parse_args
+from settings.server_config import ServerConfig, given_settings, parse_args
 from telemetry.stats import ServerStats
 from transport import BindError, Connection, Listener, bind_socket, bind_unix_socket, refuse
 from transport.closing import DELIVERY_POLL_S
@@ -53,6 +53,7 @@ from transport.unix import describe
 from workers.backend import Backend
 from workers.cpu_policy import SETTING_CHOICES as CPU_SETTINGS
 from workers.cpu_policy import apply_cpu_scheduling
+from workers.layout import choose_layout
 
 log = logging.getLogger("server")
 
@@ -362,7 +363,10 @@ def main(argv: list[str] | None = None) -> int:
     request answered, 1 if the stop timed out, 2 if it could not start. Does not return where
     the process must end at once: a stop during start-up exits 0 and a second signal exits 1,
     both with ``os._exit`` (an engine still loading cannot be interrupted or waited for)."""
-    config = parse_args(__doc__, argv, registry=setting_registry())
+    registry = setting_registry()
+    config = parse_args(__doc__, argv, registry=registry)
+    layout = choose_layout(config, given_settings(argv, registry))
+    config = layout.config
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -376,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     # before any thread or worker process starts: they inherit it (workers/cpu_policy.py)
     log.info("CPU scheduling: %s", apply_cpu_scheduling(config.cpu_scheduling).explained())
+    log.info("layout: %s", layout.why)
     if config.role == "worker":  # run the model for the front ends of --broker until stopped
         from broker.worker_main import run_worker
 

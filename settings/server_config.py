@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -338,6 +339,16 @@ def parse_args(description: str | None, argv: list[str] | None = None, *,
     logging.basicConfig(level=args.pop("log_level"),
                         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
     return config_from_args(parser, args, registry)
+
+
+def given_settings(argv: list[str] | None, registry: SettingRegistry) -> set[str]:
+    """The settings the command line ``argv`` (default: this process's) gives a value, by
+    their names: what the server must not choose for itself."""
+    parser = build_parser(None, registry)
+    for action in parser._actions:  # no defaults: only what the command line gives is set
+        action.default = argparse.SUPPRESS
+    known, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    return set(vars(known))
 
 
 def config_from_args(parser: argparse.ArgumentParser, args: dict[str, Any],

@@ -94,12 +94,15 @@ def test_an_executor_killed_under_load_fails_only_what_it_held_and_is_restarted(
     assert stats["in_flight"] == 0
 
 
-def test_sigterm_with_executors_drains_every_admitted_request_and_exits_zero(
+def test_the_default_layout_on_a_gpu_box_drains_every_admitted_request_at_sigterm(
         tiny_model_dir: Path) -> None:
+    # no --workers, no --executors: the sim engine's simulated GPU gets the GPU box's layout
     replies, status, log, before = sigterm_under_load(
-        ["--model_dir", str(tiny_model_dir), "--workers", "2", "--executors", "on",
-         "--inference_engine_type", "sim", "--sim_scale", "0.05", "--max_batch_size", "4"],
-        total=150, repeat=1)
+        ["--model_dir", str(tiny_model_dir), "--inference_engine_type", "sim", "--sim_scale",
+         "0.05", "--max_batch_size", "4"], total=150, repeat=1)
+    assert "layout: one executor per simulated GPU (cuda:0) and " in log
+    assert len(before["executors"]) == 1 and len(before["workers"]) >= 2
+    assert before["config"]["num_inference_sessions"] == 4
     assert all(reply["ok"] for reply in replies.values())
     assert status == 0
     assert "all admitted requests answered" in log
