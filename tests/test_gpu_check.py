@@ -174,3 +174,27 @@ def test_the_rounds_dry_run_gives_each_round_and_the_medians_of_its_figures(
         values = [r[name] for r in record["rounds"]]
         assert figure["low"] == min(values) and figure["high"] == max(values)
         assert figure["median"] == pytest.approx(sum(values) / 2)
+
+
+def test_the_layouts_dry_run_gives_every_layouts_rounds_against_the_curves_capacity(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/gpu_layouts.py", "--device", "cpu", "--model_dir",
+         str(tiny_model_dir), "--cost_curve", "engines/data/cost_curve_h200.json",
+         "--rounds", "2", "--sessions", "1", "--out", str(tmp_path), "--layouts",
+         "one=--workers 1", "executor=--workers 2 --executors on"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads((tmp_path / "gpu_layouts.json").read_text())
+    assert record["ceilings"]["capacity_rps"] > 0
+    assert [(r["round"], r["layout"]) for r in record["rows"]] == \
+        [(1, "one"), (1, "executor"), (2, "executor"), (2, "one")]  # alternating
+    for row in record["rows"]:
+        assert row["errors"] == 0 and row["throughput_rps"] > 0 and row["p50_ms"] > 0
+        assert row["of_capacity"] == pytest.approx(
+            row["throughput_rps"] / record["ceilings"]["capacity_rps"])
+    assert all(r["executor_rows_per_batch"] >= 1 for r in record["rows"]
+               if r["layout"] == "executor")
+    assert "executor_batches" not in record["rows"][0]
+    assert set(record["summary"]) == {"one", "executor"}
+    assert "| executor | " in done.stdout

@@ -167,8 +167,8 @@ class Executor:
     def submit(self, link: Link, job: Job) -> None:
         """Queue a job's groups for the coming batches."""
         state = JobState(link, job)
-        if state.left == 0:
-            link.send(Answer(job.job_id, [dict(g) for g in job.groups], 0.0, 0.0))
+        if state.left == 0:  # a session never sends one: nothing to run, nothing to answer with
+            state.fail("a job of no rows")
             return
         pieces = [Piece(state, number, 0, _rows(group), next(iter(group.values())).shape[1],
                         state.arrived) for number, group in enumerate(job.groups) if _rows(group)]
