@@ -130,6 +130,32 @@ def test_two_devices_get_an_executor_each_and_both_serve(tiny_model_dir: Path) -
     assert up == {"cuda:0": 1.0, "cuda:1": 1.0}
 
 
+def test_a_stalled_executor_is_passed_over_while_another_device_serves(
+        tiny_model_dir: Path) -> None:
+    config = executor_config(tiny_model_dir, cuda_devices="0,1")
+    with InferenceServer(config) as srv:
+        with Client(*srv.address) as client:
+            before = client.stats(timeout=30)
+        pids = {e["device"]: e["pid"] for e in before["executors"]}
+        os.kill(pids["cuda:1"], signal.SIGSTOP)  # a GPU that stops answering (or is swamped)
+        try:
+            conn = pipelined(srv.address, 80)
+            # a job or so per worker waits on the stalled one; the rest go to cuda:0
+            served = conn.recv_replies(56)
+            assert all(reply["ok"] for reply in served.values())
+            with Client(*srv.address) as client:
+                during = client.stats(timeout=30)
+        finally:
+            os.kill(pids["cuda:1"], signal.SIGCONT)
+        # the worker on cuda:1 kept serving too, through cuda:0's executor
+        ran = {w["device"]: w["batches"] for w in during["workers"]}
+        was = {w["device"]: w["batches"] for w in before["workers"]}
+        assert ran["cuda:1"] - was["cuda:1"] >= 2, (was, ran)
+        rest = conn.recv_replies(80 - len(served))  # the held ones, once it runs again
+        conn.close()
+        assert not set(rest) & set(served) and all(reply["ok"] for reply in rest.values())
+
+
 def test_deadlines_hold_at_a_saturated_device(tiny_model_dir: Path) -> None:
     with InferenceServer(executor_config(tiny_model_dir, sim_scale=0.01)) as srv:
         conn = RawConnection(srv.address)

@@ -1,21 +1,28 @@
-"""The engine a worker process runs when its device's engine lives in an executor process
-(``--executors on``): each run goes, as one job, to the executor that owns the device, which
-batches its rows with those of every other worker (workers/executor_loop.py). The batch goes
-cut into groups by each row's own length and comes back joined (workers/executor_wire.py).
+"""The engine a worker process runs when the devices' engines live in executor processes
+(``--executors on``): each run goes, as one job, to one executor, which batches its rows with
+those of every other worker (workers/executor_loop.py). The batch goes cut into groups by each
+row's own length and comes back joined (workers/executor_wire.py).
 
-Each session of a worker holds one connection (a Unix socket), so a session's run is one send
-and one receive, with nothing to share between threads. A connection that breaks (the executor
-died) fails the run in hand with an error, which the session answers as ``engine_error``; the
-next run connects again, to the executor the front end has restarted by then, or fails at once
-while it is still loading.
+**Which executor:** the one this worker process has the fewest jobs in flight on, its own
+device's on a tie. A busy or stalled executor holds this process's jobs longer, so new ones go
+to the others: with several GPUs, an idle one is not passed over while another is busy.
+
+Each session of a worker holds one connection to each executor it has used (a Unix socket), so
+a session's run is one send and one receive, with nothing to share between threads but the
+count of jobs in flight. A connection that breaks (the executor died) fails the run in hand
+with an error, which the session answers as ``engine_error``; the next run connects again, to
+the executor the front end has restarted by then, or to another.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 
@@ -27,6 +34,7 @@ from workers.executor_wire import (
     FIXED_WIDTH_TASKS,
     Answer,
     Described,
+    ExecutorRoutes,
     Failure,
     Hello,
     Job,
@@ -36,6 +44,22 @@ from workers.executor_wire import (
 
 #: Seconds a new engine waits for its executor to accept (it is started before the workers).
 CONNECT_S = 30.0
+
+
+#: This process's jobs in flight on each executor (by address), over all its sessions.
+_IN_FLIGHT: Counter[str] = Counter()
+_IN_FLIGHT_LOCK = threading.Lock()
+
+
+@contextmanager
+def _in_flight(address: str) -> Iterator[None]:
+    with _IN_FLIGHT_LOCK:
+        _IN_FLIGHT[address] += 1
+    try:
+        yield
+    finally:
+        with _IN_FLIGHT_LOCK:
+            _IN_FLIGHT[address] -= 1
 
 
 class ExecutorLost(RuntimeError):
@@ -48,22 +72,21 @@ def executor_address(folder: str, device: str) -> str:
 
 
 class ExecutorEngine(Engine):
-    """Sends each batch to the executor at ``address`` and returns its outputs.
+    """Sends each batch to the least busy executor of ``routes`` and returns its outputs.
 
     Args:
         model_dir: The model folder (for its input and output names).
-        address: The executor's Unix socket.
-        authkey: The key the executor's listener checks.
-        device: The executor's device, for descriptions.
+        routes: The executors (device, Unix socket), this worker's own device's first, and the
+            key their listeners check.
         buckets: The server's length buckets (``--length_buckets``): rows are trimmed to the
             first of them (else the graphs' default lengths) that holds their tokens.
-        connect_s: How long the first connection may take.
+        connect_s: How long the first connection (to the first executor) may take.
     """
 
     name = "executor"
     device_bound = True
 
-    def __init__(self, model_dir: str | Path, address: str, authkey: bytes, device: str,
+    def __init__(self, model_dir: str | Path, routes: ExecutorRoutes,
                  buckets: tuple[int, ...] = (), connect_s: float = CONNECT_S) -> None:
         info = load_model_info(model_dir)
         self.input_names = tuple(info.input_names)
@@ -72,32 +95,33 @@ class ExecutorEngine(Engine):
         self.per_token = info.task not in FIXED_WIDTH_TASKS
         #: Seconds the last job waited in the executor for its last rows' batch to start.
         self.queued_s: float | None = None
-        self.address, self.authkey, self.device = address, authkey, device
+        self.routes = routes
+        self.device = routes.executors[0][0]
+        self._devices = dict((address, device) for device, address in routes.executors)
         self._ids = itertools.count()
-        self._conn: Connection | None = None
+        self._conns: dict[str, Connection] = {}
         self.described = ""
-        self._open(connect_s)
+        self._conns[routes.executors[0][1]] = self._open(routes.executors[0][1], connect_s)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One job on the executor: this batch, perhaps beside other workers' jobs.
+        """One job on the executor with the fewest of this process's jobs in flight.
 
         Raises:
-            ExecutorLost: the executor died with the job, or cannot be reached now.
+            ExecutorLost: the executor died with the job, or none can be reached now.
             RuntimeError: the executor's engine failed on the batch (its message).
         """
-        if self._conn is None:
-            self._open(0.0)  # restarted meanwhile? else fail at once
-        assert self._conn is not None
         job_id = next(self._ids)
         rows, width = next(iter(feeds.values())).shape
         split = split_by_length(feeds, self.buckets)
-        try:
-            self._conn.send(Job(job_id, split.groups))
-            reply = self._conn.recv()
-        except (EOFError, OSError) as exc:
-            self._drop()
-            raise ExecutorLost(f"the executor of {self.device} was lost with this batch "
-                               f"({type(exc).__name__})") from exc
+        address, conn = self._least_busy()
+        with _in_flight(address):
+            try:
+                conn.send(Job(job_id, split.groups))
+                reply = conn.recv()
+            except (EOFError, OSError) as exc:
+                self._drop(address)
+                raise ExecutorLost(f"the executor of {self._devices[address]} was lost with "
+                                   f"this batch ({type(exc).__name__})") from exc
         assert reply.job_id == job_id, (reply.job_id, job_id)
         if isinstance(reply, Failure):
             raise RuntimeError(reply.message)
@@ -106,29 +130,57 @@ class ExecutorEngine(Engine):
         return join_groups(reply.outputs, split.places, rows, width, self.per_token)
 
     def describe(self) -> str:
-        """What the executor runs, and that this process reaches it over a socket."""
-        return f"{self.described} (in the executor of {self.device}, shared by every worker)"
+        """What the executors run, and that this process reaches them over sockets."""
+        devices = [device for device, _ in self.routes.executors]
+        if len(devices) == 1:
+            return f"{self.described} (in the executor of {devices[0]}, shared by every worker)"
+        return (f"{self.described} (in the executors of {', '.join(devices)}, shared by every "
+                "worker; each job to the least busy)")
 
     def close(self) -> None:
-        """Close this session's connection."""
-        self._drop()
+        """Close this session's connections."""
+        for address in list(self._conns):
+            self._drop(address)
 
-    def _open(self, within_s: float) -> None:
-        """Connect, and say which process this is (the executor answers what it runs).
+    def _least_busy(self) -> tuple[str, Connection]:
+        """The executor with the fewest of this process's jobs in flight (the first listed on
+        a tie) that can be reached now, and this session's connection to it.
+
+        Raises:
+            ExecutorLost: none can be reached.
+        """
+        with _IN_FLIGHT_LOCK:
+            order = sorted(self._devices, key=lambda address: _IN_FLIGHT[address])  # stable
+        why = ""
+        for address in order:
+            if address not in self._conns:
+                try:
+                    self._conns[address] = self._open(address, 0.0)  # restarted meanwhile?
+                except ExecutorLost as exc:
+                    why = str(exc)
+                    continue
+            return address, self._conns[address]
+        raise ExecutorLost(why)
+
+    def _open(self, address: str, within_s: float) -> Connection:
+        """A connection to the executor at ``address``, told which process this is (it
+        answers what it runs).
 
         Raises:
             ExecutorLost: no connection in time, or it closed at once.
         """
-        self._conn = self._connect(within_s)
+        device = self._devices[address]
+        conn = self._connect(address, device, within_s)
         try:
-            self._conn.send(Hello(os.getpid()))
-            described: Described = self._conn.recv()
+            conn.send(Hello(os.getpid()))
+            described: Described = conn.recv()
         except (EOFError, OSError) as exc:
-            self._drop()
-            raise ExecutorLost(f"the executor of {self.device} closed the connection") from exc
+            conn.close()
+            raise ExecutorLost(f"the executor of {device} closed the connection") from exc
         self.described, self.precision = described.description, described.precision
+        return conn
 
-    def _connect(self, within_s: float) -> Connection:
+    def _connect(self, address: str, device: str, within_s: float) -> Connection:
         """A connection to the executor, trying for ``within_s`` seconds (once at least).
 
         Raises:
@@ -137,17 +189,17 @@ class ExecutorEngine(Engine):
         deadline = time.monotonic() + within_s
         while True:
             try:
-                return Client(self.address, family="AF_UNIX", authkey=self.authkey)
+                return Client(address, family="AF_UNIX", authkey=self.routes.authkey)
             except (OSError, EOFError) as exc:
                 if time.monotonic() >= deadline:
-                    raise ExecutorLost(f"cannot reach the executor of {self.device} "
+                    raise ExecutorLost(f"cannot reach the executor of {device} "
                                        f"({type(exc).__name__}: {exc})") from exc
                 time.sleep(0.05)
 
-    def _drop(self) -> None:
-        if self._conn is not None:
+    def _drop(self, address: str) -> None:
+        conn = self._conns.pop(address, None)
+        if conn is not None:
             try:
-                self._conn.close()
+                conn.close()
             except OSError:
                 pass
-            self._conn = None

@@ -29,6 +29,14 @@ from engines.shapes import capture_lengths
 FIXED_WIDTH_TASKS = frozenset({"embed", "classify"})
 
 
+class ExecutorRoutes(NamedTuple):
+    """Where a worker reaches the executors (front end -> worker, in its first message): each
+    (device, Unix socket address), the worker's own device's first, and their listeners' key."""
+
+    executors: tuple[tuple[str, str], ...]
+    authkey: bytes
+
+
 class Hello(NamedTuple):
     """A worker session's first message: which process it is."""
 

@@ -22,6 +22,7 @@ from scheduling.waits import wait_until_set
 from settings.server_config import ServerConfig
 from telemetry.stats import ServerStats
 from workers.executor_client import executor_address
+from workers.executor_wire import ExecutorRoutes
 from workers.launch import exit_words, spawn, wait_exit
 
 log = logging.getLogger(__name__)
@@ -63,9 +64,11 @@ class ExecutorSet:
         self._lock = threading.Lock()
         self._stopping = False
 
-    def address_of(self, device: str) -> tuple[str, bytes]:
-        """Where a worker on ``device`` reaches its executor, and the key."""
-        return self.handles[device].address, self.authkey
+    def routes_for(self, device: str) -> ExecutorRoutes:
+        """Where a worker on ``device`` reaches the executors: every one, its device's first."""
+        others = [(h.device, h.address) for h in self.handles.values() if h.device != device]
+        mine = [(device, self.handles[device].address)] if device in self.handles else []
+        return ExecutorRoutes(tuple(mine + others), self.authkey)
 
     def start(self, cancel: threading.Event | None = None) -> None:
         """Start every executor and wait until each has loaded its engine.

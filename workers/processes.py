@@ -124,7 +124,7 @@ class ProcessBackend:
         A fresh interpreter (``python -m workers.worker_main``), not a fork of this threaded
         process, and not multiprocessing's spawn, which would re-run the user's main module.
         """
-        executor = self.executors.address_of(handle.device) if self.executors else None
+        executor = self.executors.routes_for(handle.device) if self.executors else None
         process, ours = spawn("workers.worker_main", (self.config, handle.index, handle.device,
                                                       self.log_level, executor))
         with self._cond:

@@ -43,6 +43,7 @@ from tasks.encoding import release_gil
 from telemetry.stats import ServerStats
 from workers.cpu_policy import apply_cpu_scheduling
 from workers.executor_client import ExecutorEngine
+from workers.executor_wire import ExecutorRoutes
 from workers.launch import serve_child
 from workers.local import LocalBackend
 from workers.pipe_items import Answer, Job
@@ -104,7 +105,7 @@ class Outbox:
 
 def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
                log_level: int = logging.INFO,
-               executor: tuple[str, bytes] | None = None) -> int:
+               executor: ExecutorRoutes | None = None) -> int:
     """Entry point of worker process ``index`` (started by workers.processes.ProcessBackend):
     load, serve until told to stop or orphaned, stop. Returns the exit status (0; 1 if the
     model could not be loaded)."""
@@ -127,8 +128,8 @@ def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
         # its queue holds whatever the front end may hand it: admission was the front end's
         local = replace(config, workers=1, max_queue=max(config.max_queue, config.worker_window()))
         factory = None if executor is None else partial(
-            ExecutorEngine, config.model_dir, *executor, device,
-            config.bucket_lengths())  # its device's executor
+            ExecutorEngine, config.model_dir, executor,
+            config.bucket_lengths())  # the executors, its device's first
         backend = LocalBackend(local, info, stats, device=device, engine_factory=factory)
         backend.start()
     except Exception as exc:  # noqa: BLE001 - reported to the front end, which exits
@@ -226,8 +227,8 @@ def _always() -> bool:
 def main(conn: Connection, first: tuple[Any, ...]) -> int:
     """``python -m workers.worker_main FD`` (workers/launch.py's ``serve_child``): FD is this
     worker's end of the front end's pipe, whose first message is ``(config, index, device,
-    log_level, executor)`` (executor: its device's executor's address and key with
-    ``--executors on``, else None)."""
+    log_level, executor)`` (executor: the executors' ``ExecutorRoutes`` with ``--executors on``,
+    else None)."""
     config, index, device, log_level, executor = first
     return run_worker(config, index, device, conn, log_level, executor)
 
