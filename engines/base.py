@@ -37,9 +37,10 @@ class Engine(ABC):
     - ``device_s``: seconds the device spent on the last ``run``, where the engine measures it
       (PyTorch on CUDA: CUDA events), set by every run; None: the session times runs by the
       wall clock. The cost model learns from it, so host waits do not make batching look dear.
-    - ``row_steps``: the row counts the engine runs batches at, where it pads a batch's rows up
-      to the next of them (CUDA graphs, captured per shape); None: it runs any count. The cost
-      model then knows that 33 rows cost what 64 do, and batches are cut to fill a step.
+    - ``row_steps``, ``length_steps``: the row counts and lengths the engine runs batches at,
+      where it pads a batch up to the next of each (CUDA graphs, captured per shape); None: it
+      runs any. The cost model then knows that 33 rows cost what 64 do, and 30 tokens what 64
+      do, and batches are cut to fill a step.
     """
 
     name: str = "engine"
@@ -50,6 +51,7 @@ class Engine(ABC):
     device_bound: bool = False
     device_s: float | None = None
     row_steps: tuple[int, ...] | None = None
+    length_steps: tuple[int, ...] | None = None
 
     @abstractmethod
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -23,7 +23,7 @@ from engines.onnx_providers import (
     provider_report,
     without_tensorrt,
 )
-from engines.shapes import capture_lengths, graph_shapes, row_steps
+from engines.shapes import capture_lengths, graph_shapes, length_steps, row_steps
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,7 @@ class OnnxEngine(Engine):
             return f"capture failed: {type(exc).__name__}: {words}"
         self.session, self.graphs = session, runner
         self.row_steps = row_steps(runner.shapes)  # batches pad rows to these
+        self.length_steps = length_steps(runner.shapes)  # and lengths
         self.binder = BoundRunner(session, self.output_names, "cuda", index,
                                   run_options=graph_options(-1))  # batches no graph holds
         return ""

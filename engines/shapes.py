@@ -44,6 +44,12 @@ def row_steps(shapes: Sequence[tuple[int, int]]) -> tuple[int, ...]:
     return tuple(sorted({rows for rows, _ in shapes}))
 
 
+def length_steps(shapes: Sequence[tuple[int, int]]) -> tuple[int, ...]:
+    """The lengths of ``shapes``, ascending: what an engine that runs them pads lengths up to
+    (``Engine.length_steps``)."""
+    return tuple(sorted({length for _, length in shapes}))
+
+
 def pick_shape(shapes: Sequence[tuple[int, int]], rows: int,
                length: int) -> tuple[int, int] | None:
     """The captured shape a batch of ``rows`` x ``length`` runs on: the shortest captured length

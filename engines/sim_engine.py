@@ -45,6 +45,7 @@ class SimEngine(ZeroEngine):
         self.device = f"sim:{self.sim.index}"
         self.precision = self.sim.variant.precision
         self.row_steps = tuple(self.sim.curve.data["rows"])  # the GPU's captured row counts
+        self.length_steps = tuple(self.sim.curve.data["lengths"])  # and lengths
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One batch: the launch, the device's turn, then random outputs; ``device_s`` is the

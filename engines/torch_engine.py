@@ -16,7 +16,7 @@ import torch
 from engines import TORCH_GRAPH_AUTO, TORCH_GRAPHS
 from engines.base import TASK_OUTPUT_NAMES, Engine, check_outputs
 from engines.model_dir import ModelInfo, load_model_info
-from engines.shapes import capture_lengths, graph_shapes, row_steps
+from engines.shapes import capture_lengths, graph_shapes, length_steps, row_steps
 from engines.task_models import TaskOutputs, load_task_model
 from engines.torch_cuda_graphs import Capture, CudaClock, ShapeGraphs, capture_checked
 from engines.torch_graph import Forward, run_graph, trace_checked
@@ -153,6 +153,7 @@ class TorchEngine(Engine):
         else:
             self.graph = "cudagraphs"
             self.row_steps = row_steps(self._graphs.shapes)  # batches pad rows to these
+            self.length_steps = length_steps(self._graphs.shapes)  # and lengths
 
     @torch.inference_mode()
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -3,7 +3,9 @@
 Shapes are bucketed: rows to powers of two, padded length to multiples of ``LENGTH_STEP``. An
 engine that pads each batch's rows up to fixed row counts (CUDA graphs: ``Engine.row_steps``)
 gives them as the row buckets instead: a batch of 42 rows then costs what the 64-row shape it
-runs on costs, so estimates rise in steps, as the device's time does. Each bucket keeps its most
+runs on costs, so estimates rise in steps, as the device's time does. Likewise its lengths
+(``Engine.length_steps``): 30 tokens run as the 64-token graph and cost what 36 do. Each bucket
+keeps its most
 recent measurements and answers with their lower median, so one outlier (a
 pause, a noisy neighbour, a batch held up elsewhere) cannot swing a decision: noise only ever adds
 time. ``estimate`` interpolates over rows at the nearest measured length and scales by the tokens
@@ -37,12 +39,15 @@ class CostModel:
     """Seconds per batch as a function of (rows, padded length).
 
     Args:
-        row_steps: The row counts the engine pads batches up to (``Engine.row_steps``), if it
-            does; also settable once the engine is loaded (``set_row_steps``).
+        row_steps, length_steps: The row counts and lengths the engine pads batches up to
+            (``Engine.row_steps``, ``Engine.length_steps``), if it does; also settable once
+            the engine is loaded (``set_steps``).
     """
 
-    def __init__(self, row_steps: Sequence[int] | None = None) -> None:
+    def __init__(self, row_steps: Sequence[int] | None = None,
+                 length_steps: Sequence[int] | None = None) -> None:
         self._steps: tuple[int, ...] = tuple(sorted(set(row_steps or ())))
+        self._length_steps: tuple[int, ...] = tuple(sorted(set(length_steps or ())))
         self._lock = threading.Lock()
         self._samples: dict[tuple[int, int], deque[float]] = {}
         self._seconds: dict[tuple[int, int], float] = {}  # lower median of each bucket's samples
@@ -53,16 +58,18 @@ class CostModel:
         # worker's pull size) asks for the same few shapes
         self._estimates: dict[tuple[int, int], float | None] = {}
 
-    def set_row_steps(self, row_steps: Sequence[int] | None) -> None:
-        """The row counts the engine pads batches up to (None or empty: it runs any count);
-        set before it measures, as a session loads its engine."""
+    def set_steps(self, row_steps: Sequence[int] | None,
+                  length_steps: Sequence[int] | None = None) -> None:
+        """The row counts and lengths the engine pads batches up to (None or empty: it runs
+        any); set before it measures, as a session loads its engine."""
         with self._lock:
             self._steps = tuple(sorted(set(row_steps or ())))
+            self._length_steps = tuple(sorted(set(length_steps or ())))
             self._estimates.clear()
 
     @property
     def stepped(self) -> bool:
-        """Whether the engine pads batches' rows up to steps (``set_row_steps``)."""
+        """Whether the engine pads batches' rows up to steps (``set_steps``)."""
         return bool(self._steps)
 
     def padded_rows(self, rows: int) -> int:
@@ -72,6 +79,14 @@ class CostModel:
         if steps and rows <= steps[-1]:
             return steps[bisect.bisect_left(steps, rows)]
         return rows
+
+    def _length_key(self, length: int) -> int:
+        """The length bucket of ``length``: the engine's next length step where it pads to
+        steps and one holds it, else the next multiple of LENGTH_STEP."""
+        steps = self._length_steps
+        if steps and length <= steps[-1]:
+            return steps[bisect.bisect_left(steps, length)]
+        return length_bucket(length)
 
     def observe(self, rows: int, length: int, seconds: float, warmup: bool = False) -> None:
         """Record one measured batch (engine time only).
@@ -83,7 +98,7 @@ class CostModel:
         """
         with self._lock:
             ran = self.padded_rows(rows)  # the device ran these rows: a step's whole shape
-            key = (ran if ran != rows else rows_bucket(rows), length_bucket(length))
+            key = (ran if ran != rows else rows_bucket(rows), self._length_key(length))
             scaled = seconds * key[0] / max(1, ran)  # to the bucket's own row count
             samples = self._samples.setdefault(key, deque(maxlen=WINDOW))
             if warmup:
@@ -102,7 +117,7 @@ class CostModel:
     def estimate(self, rows: int, length: int) -> float | None:
         """Predicted seconds for a batch of ``rows`` padded to ``length``; None before any data."""
         with self._lock:
-            key = (self.padded_rows(rows), length_bucket(length))
+            key = (self.padded_rows(rows), self._length_key(length))
             if key not in self._estimates:
                 self._estimates[key] = self._nearest(*key)
             return self._estimates[key]

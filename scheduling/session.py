@@ -99,8 +99,8 @@ class InferenceSession(threading.Thread):
             self.engine = self.engine_factory()
             if self.engine.device_bound and not self.policy.fill:
                 self.policy = replace(self.policy, fill=True)  # a GPU: batches fill the caps
-            if self.policy.cost is not None and self.engine.row_steps:
-                self.policy.cost.set_row_steps(self.engine.row_steps)  # CUDA graphs' rows
+            if self.policy.cost is not None and self.engine.row_steps:  # CUDA graphs' shapes
+                self.policy.cost.set_steps(self.engine.row_steps, self.engine.length_steps)
             self.warm_up(self.engine)
         except BaseException as exc:  # noqa: BLE001 - reported to the server
             self.load_error = exc

@@ -37,13 +37,23 @@ def pipelined(address: tuple[str, int], total: int, repeat: int = 1) -> RawConne
 
 
 def test_one_executor_batches_the_rows_of_both_worker_processes(tiny_model_dir: Path) -> None:
-    with InferenceServer(executor_config(tiny_model_dir)) as srv:
-        conn = pipelined(srv.address, 120)
+    with InferenceServer(executor_config(tiny_model_dir, num_inference_sessions=4)) as srv:
+        with Client(*srv.address) as client:
+            pid = client.stats(timeout=30)["executors"][0]["pid"]
+        # held a moment, so that jobs of both workers wait together (else a slow device's
+        # batches can fall into step with the workers, each batch one worker's jobs)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            conn = pipelined(srv.address, 120)
+            time.sleep(0.5)
+        finally:
+            os.kill(pid, signal.SIGCONT)
         replies = conn.recv_replies(120)
         conn.close()
         assert all(reply["ok"] for reply in replies.values())
-        with Client(*srv.address) as client:
-            stats = client.stats(timeout=30)
+        with Client(*srv.address) as client:  # figures the executor gave for this query
+            while not (stats := client.stats(timeout=30))["executors"][0]["answered_stats"]:
+                time.sleep(0.1)
     [executor] = stats["executors"]
     assert executor["state"] == "serving" and executor["device"] == "auto"
     assert "sim engine" in executor["description"]

@@ -182,7 +182,8 @@ OBSERVATIONS = st.lists(st.tuples(st.sampled_from([1, 2, 4, 8, 16]), LENGTHS,
 def test_plans_match_the_rule_asked_request_by_request(
         shapes: list[tuple[int, int]], observed: list[tuple[int, int, float]], mode: str,
         cap: int, max_tokens: int | None, lookahead: int, fill: bool, stepped: bool) -> None:
-    cost = CostModel(row_steps=(1, 2, 4, 8, 16) if stepped else None)
+    cost = CostModel(row_steps=(1, 2, 4, 8, 16) if stepped else None,
+                     length_steps=(64, 128, 384) if stepped else None)
     for rows, length, seconds in observed:
         cost.observe(rows, length, seconds)
     waiting = [Waiting(rows, length) for rows, length in shapes]
@@ -235,6 +236,23 @@ def test_a_stepped_engines_batch_fills_a_step_rather_than_spilling_into_the_next
     for rows in (1, 2, 4, 8, 16, 32, 64):
         smooth.cost.observe(rows, 384, (0.8 + 0.0005 * rows * 384) / 1000, warmup=True)
     assert plan_batch(forty_two, smooth) == forty_two  # no steps: the token budget's fill
+
+
+def test_with_length_steps_rows_shorter_than_a_step_cost_what_the_step_costs() -> None:
+    def graphs(length_steps: tuple[int, ...] | None) -> BatchPolicy:
+        cost = CostModel(row_steps=(1, 2, 4, 8, 16), length_steps=length_steps)
+        for rows in (1, 2, 4, 8, 16):
+            for length in (64, 128):
+                cost.observe(rows, length, (0.8 + 0.0005 * rows * length) / 1000, warmup=True)
+        return BatchPolicy(mode="auto", max_items=16, max_tokens=4096, cost=cost, fill=True)
+
+    stepped = graphs((64, 128)).cost
+    assert stepped is not None
+    assert stepped.estimate(2, 30) == stepped.estimate(2, 36) == stepped.estimate(2, 64)
+    waiting = [Waiting(2, 30), Waiting(4, 28), Waiting(1, 28), Waiting(4, 36), Waiting(4, 36)]
+    assert plan_batch(waiting, graphs((64, 128))) == waiting  # all run as the 64-token graph
+    # scaled from 64 tokens, 30 would look half as dear as 36, and the 36s would stay out
+    assert plan_batch(waiting, graphs(None)) == waiting[:3]
 
 
 def test_a_shape_refused_may_join_once_the_batch_has_grown() -> None:

@@ -89,7 +89,7 @@ def run_executor(config: ServerConfig, device: str, address: str, authkey: bytes
         policy = BatchPolicy(mode="auto", max_items=config.max_batch_size * 4,
                              max_tokens=config.max_batch_tokens,
                              lookahead=config.batch_lookahead,
-                             cost=CostModel(engine.row_steps), fill=True)
+                             cost=CostModel(engine.row_steps, engine.length_steps), fill=True)
         info = load_model_info(config.model_dir)
         time_shapes(engine, policy, capture_lengths(config.bucket_lengths(), info.max_seq_len))
         if os.path.exists(address):

@@ -94,9 +94,9 @@ class ExecutorSet:
                     for h in self.handles.values()]
 
     def figures(self, timeout: float = 2.0) -> list[dict[str, object]]:
-        """``describe`` with each executor's batch figures (workers/executor_main.py's
+        """``describe`` with each executor's batch figures (workers/executor_loop.py's
         ``Executor.figures``), asked now; the last ones of an executor that did not answer
-        within ``timeout``."""
+        within ``timeout`` (``answered_stats`` False)."""
         asked = []
         for handle in self.handles.values():
             handle.answered.clear()
@@ -105,7 +105,8 @@ class ExecutorSet:
         deadline = time.monotonic() + timeout
         for handle in asked:
             handle.answered.wait(max(0.0, deadline - time.monotonic()))
-        return [{**entry, **(handle.figures or {})}
+        return [{**entry, **(handle.figures or {}),
+                 "answered_stats": handle in asked and handle.answered.is_set()}
                 for entry, handle in zip(self.describe(), self.handles.values(), strict=True)]
 
     def stop(self, timeout: float) -> None:
