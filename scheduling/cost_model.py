@@ -98,7 +98,8 @@ class CostModel:
         """
         with self._lock:
             ran = self.padded_rows(rows)  # the device ran these rows: a step's whole shape
-            key = (ran if ran != rows else rows_bucket(rows), self._length_key(length))
+            stepped = bool(self._steps) and rows <= self._steps[-1]
+            key = (ran if stepped else rows_bucket(rows), self._length_key(length))
             scaled = seconds * key[0] / max(1, ran)  # to the bucket's own row count
             samples = self._samples.setdefault(key, deque(maxlen=WINDOW))
             if warmup:

@@ -102,3 +102,25 @@ def test_every_job_is_answered_once_with_its_own_rows_outputs(tiny_model_dir: Pa
     figures = executor.figures()
     assert figures["rows"] == 37 and figures["jobs"] == 5
     assert figures["pieces_waiting"] == 0
+
+
+def test_a_worker_gone_mid_answer_stops_no_one_else(tiny_model_dir: Path) -> None:
+    engine = OnnxEngine(tiny_model_dir, device="cpu", intra_op_threads=1)
+    policy = BatchPolicy(mode="auto", max_items=64, max_tokens=16 * 64, cost=CostModel(),
+                         fill=True)
+    executor = Executor(engine, policy, per_token=True)
+    gone_end, gone_peer = Pipe()
+    gone = Link(gone_peer)
+    ours, theirs = Pipe()
+    alive = Link(theirs)
+    group = split_by_length(batch_of([40] * 3, 64), (64,)).groups
+    gone_end.close()  # its worker died: every answer to it fails
+    for n in range(20):
+        executor.submit(gone, Job(n, group))
+        executor.submit(alive, Job(100 + n, group))
+        if n == 10:
+            gone.close()  # its connection thread saw the end, mid-way through the answers
+    answers = [ours.recv() for _ in range(20)]
+    executor.stop(timeout=10)
+    assert sorted(a.job_id for a in answers) == list(range(100, 120))
+    gone.send(Job(0, []))  # a closed link: nothing sent, nothing raised

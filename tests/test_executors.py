@@ -166,6 +166,21 @@ def test_a_stalled_executor_is_passed_over_while_another_device_serves(
         assert not set(rest) & set(served) and all(reply["ok"] for reply in rest.values())
 
 
+def test_a_dead_executor_s_workers_go_on_through_another_at_once(tiny_model_dir: Path) -> None:
+    config = executor_config(tiny_model_dir, cuda_devices="0,1")
+    with InferenceServer(config) as srv:
+        with Client(*srv.address) as client:
+            pids = {e["device"]: e["pid"] for e in client.stats(timeout=30)["executors"]}
+        os.kill(pids["cuda:1"], signal.SIGKILL)  # idle: it held no job
+        wait_until(lambda: not alive(pids["cuda:1"]))
+        conn = pipelined(srv.address, 40)
+        replies = conn.recv_replies(40)
+        conn.close()
+    # each session's connection to it broke; a job that never reached it goes to the other
+    assert all(reply["ok"] for reply in replies.values()), \
+        {reply["error"]["code"] for reply in replies.values() if not reply["ok"]}
+
+
 def test_deadlines_hold_at_a_saturated_device(tiny_model_dir: Path) -> None:
     with InferenceServer(executor_config(tiny_model_dir, sim_scale=0.01)) as srv:
         conn = RawConnection(srv.address)

@@ -37,6 +37,11 @@ def test_a_gpu_box_gets_an_executor_per_gpu_and_a_worker_per_four_cores() -> Non
     assert (two.executors, two.cuda_devices, two.workers) == ("on", "0,1", 4)
     listed = chosen(["--inference_engine_type", "sim", "--cuda_devices", "0,1"], cores=2)
     assert listed.cuda_devices == "0,1" and listed.workers == 2
+    one_of_two = chosen(["--inference_engine_type", "pytorch", "--device", "cuda:1"], cores=16,
+                        gpus=2)
+    assert one_of_two.cuda_devices == "1" and one_of_two.executors == "on"
+    assert chosen(["--inference_engine_type", "sim", "--device", "cuda:1"],
+                  cores=2).cuda_devices == "1"
     kept = chosen(["--inference_engine_type", "sim", "--num_inference_sessions", "2"], cores=2)
     assert kept.num_inference_sessions == 2 and kept.executors == "on"
 

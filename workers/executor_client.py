@@ -113,15 +113,24 @@ class ExecutorEngine(Engine):
         job_id = next(self._ids)
         rows, width = next(iter(feeds.values())).shape
         split = split_by_length(feeds, self.buckets)
-        address, conn = self._least_busy()
-        with _in_flight(address):
-            try:
-                conn.send(Job(job_id, split.groups))
-                reply = conn.recv()
-            except (EOFError, OSError) as exc:
-                self._drop(address)
-                raise ExecutorLost(f"the executor of {self._devices[address]} was lost with "
-                                   f"this batch ({type(exc).__name__})") from exc
+        job, tried = Job(job_id, split.groups), set()
+        while True:
+            address, conn, opened = self._least_busy(tried)
+            with _in_flight(address):
+                try:
+                    conn.send(job)
+                except OSError:  # it never reached that executor: on a connection kept
+                    self._drop(address)  # from before, it may have been restarted since,
+                    if opened:  # so once more on a new one; else the next executor
+                        tried.add(address)
+                    continue
+                try:
+                    reply = conn.recv()
+                except (EOFError, OSError) as exc:
+                    self._drop(address)
+                    raise ExecutorLost(f"the executor of {self._devices[address]} was lost "
+                                       f"with this batch ({type(exc).__name__})") from exc
+            break
         assert reply.job_id == job_id, (reply.job_id, job_id)
         if isinstance(reply, Failure):
             raise RuntimeError(reply.message)
@@ -142,24 +151,26 @@ class ExecutorEngine(Engine):
         for address in list(self._conns):
             self._drop(address)
 
-    def _least_busy(self) -> tuple[str, Connection]:
+    def _least_busy(self, tried: set[str]) -> tuple[str, Connection, bool]:
         """The executor with the fewest of this process's jobs in flight (the first listed on
-        a tie) that can be reached now, and this session's connection to it.
+        a tie) that can be reached now, other than ``tried``, this session's connection to
+        it, and whether that connection was opened now.
 
         Raises:
             ExecutorLost: none can be reached.
         """
         with _IN_FLIGHT_LOCK:
             order = sorted(self._devices, key=lambda address: _IN_FLIGHT[address])  # stable
-        why = ""
-        for address in order:
-            if address not in self._conns:
-                try:
-                    self._conns[address] = self._open(address, 0.0)  # restarted meanwhile?
-                except ExecutorLost as exc:
-                    why = str(exc)
-                    continue
-            return address, self._conns[address]
+        why = "its executor's connection broke"
+        for address in (a for a in order if a not in tried):
+            if address in self._conns:
+                return address, self._conns[address], False
+            try:
+                self._conns[address] = self._open(address, 0.0)  # restarted meanwhile?
+            except ExecutorLost as exc:
+                why = str(exc)
+                continue
+            return address, self._conns[address], True
         raise ExecutorLost(why)
 
     def _open(self, address: str, within_s: float) -> Connection:

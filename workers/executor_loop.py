@@ -17,8 +17,10 @@ batch is planned and started while the last one's answers are cut and sent.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from queue import SimpleQueue
@@ -41,15 +43,25 @@ class Link:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.source = 0  # the worker process's pid, from its hello
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # a send, and the close, one at a time
+        self._closed = False
 
     def send(self, message: Any) -> None:
-        """Send; a worker that is gone is nobody to answer."""
-        try:
-            with self._lock:
+        """Send; a worker that is gone (or a connection closed) is nobody to answer."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
                 self.conn.send(message)
-        except OSError:
-            pass
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Close the connection, never in the middle of a send (which a close beneath it
+        would break with an error other than OSError)."""
+        with self._lock:
+            self._closed = True
+            self.conn.close()
 
 
 class JobState:
@@ -148,8 +160,10 @@ class Executor:
                        "most_processes_in_a_batch": 0}
         self.engine_s = 0.0  # wall seconds in the engine's runs
         self.idle_s = 0.0  # seconds the loop waited with nothing to run
-        self._threads = [threading.Thread(target=self._loop, name="run-loop", daemon=True),
-                         threading.Thread(target=self._replies, name="replies", daemon=True)]
+        self._threads = [threading.Thread(target=_or_exit(self._loop), name="run-loop",
+                                          daemon=True),
+                         threading.Thread(target=_or_exit(self._replies), name="replies",
+                                          daemon=True)]
         for thread in self._threads:
             thread.start()
 
@@ -211,14 +225,14 @@ class Executor:
     def _run(self, chosen: list[Piece]) -> None:
         """One batch; its outputs (or the error) go to the reply thread."""
         length = max(piece.length for piece in chosen)
-        feeds = {name: np.concatenate([_pad(piece.feed(name), length) for piece in chosen])
-                 for name in self.engine.input_names}
         rows = sum(piece.rows for piece in chosen)
         started = time.monotonic()
         try:
+            feeds = {name: np.concatenate([_pad(piece.feed(name), length) for piece in chosen])
+                     for name in self.engine.input_names}
             outputs: Any = self.engine.run(feeds)
         except Exception as exc:  # noqa: BLE001 - the batch's jobs fail, the loop goes on
-            log.exception("the engine failed on a batch of %d rows", rows)
+            log.exception("a batch of %d rows failed", rows)
             self._ran.put((chosen, exc, 0.0, started))
             return
         wall = time.monotonic() - started
@@ -238,19 +252,43 @@ class Executor:
         """Cut each batch's outputs into its pieces; answer the jobs they complete."""
         while (ran := self._ran.get()) is not None:
             chosen, outputs, seconds, started = ran
-            if isinstance(outputs, Exception):
-                for piece in chosen:
-                    piece.state.fail(f"{type(outputs).__name__}: {outputs}")
-                continue
-            rows, first = sum(piece.rows for piece in chosen), 0
-            for piece in chosen:
-                part = slice(first, first + piece.rows)
-                first += piece.rows
-                mine = {name: (value[part, :piece.length] if self.per_token else value[part])
-                        for name, value in outputs.items()}
-                if piece.state.add(piece.group, piece.first, mine, seconds * piece.rows / rows,
-                                   started):
-                    self.counts["jobs"] += 1
+            if not isinstance(outputs, Exception):
+                try:
+                    self._answer(chosen, outputs, seconds, started)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - outputs it cannot cut: they fail
+                    log.exception("cutting a batch's outputs failed")
+                    outputs = exc
+            for piece in chosen:  # answered already: no second answer
+                piece.state.fail(f"{type(outputs).__name__}: {outputs}")
+
+    def _answer(self, chosen: list[Piece], outputs: dict[str, np.ndarray], seconds: float,
+                started: float) -> None:
+        """Each piece its rows of ``outputs``; the jobs they complete answered."""
+        rows, first = sum(piece.rows for piece in chosen), 0
+        for piece in chosen:
+            part = slice(first, first + piece.rows)
+            first += piece.rows
+            mine = {name: (value[part, :piece.length] if self.per_token else value[part])
+                    for name, value in outputs.items()}
+            if piece.state.add(piece.group, piece.first, mine, seconds * piece.rows / rows,
+                               started):
+                self.counts["jobs"] += 1
+
+
+def _or_exit(body: Callable[[], None]) -> Callable[[], None]:
+    """``body``, ending the process should anything escape it: a thread of the executor
+    gone would leave jobs unanswered while the process lives on, where its exit fails them
+    (the workers see the connection close) and the front end starts a new executor."""
+    def guarded() -> None:
+        try:
+            body()
+        except BaseException:  # noqa: BLE001 - said, then the process ends
+            log.critical("the executor's %s thread failed: exiting",
+                         threading.current_thread().name, exc_info=True)
+            logging.shutdown()
+            os._exit(1)
+    return guarded
 
 
 def _rows(group: dict[str, np.ndarray]) -> int:

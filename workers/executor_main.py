@@ -48,7 +48,7 @@ def serve_connection(conn: Connection, executor: Executor) -> None:
         try:
             message = conn.recv()
         except (EOFError, OSError):
-            conn.close()
+            link.close()
             return
         if isinstance(message, Hello):
             link.source = message.pid
@@ -58,7 +58,7 @@ def serve_connection(conn: Connection, executor: Executor) -> None:
         else:
             log.warning("a worker sent %s, not a job: closing its connection",
                         type(message).__name__)
-            conn.close()
+            link.close()
             return
 
 

@@ -32,6 +32,17 @@ MIN_WORKERS, MAX_WORKERS = 2, 8
 EXECUTOR_SESSIONS = 4
 
 
+def chosen_gpus(config: ServerConfig, given: set[str], engine: str, found: int) -> list[int]:
+    """The GPUs to serve on: ``--cuda_devices``; else the one ``--device cuda:N`` names; else
+    every GPU there is (the sim engine: one simulated device)."""
+    if config.gpu_indices():
+        return config.gpu_indices()
+    _, _, index = config.device.partition(":")
+    if "device" in given and index.isdigit():
+        return [int(index)]
+    return [0] if engine == "sim" else list(range(found))
+
+
 class Layout(NamedTuple):
     """The settings to serve with, and why, in words for the start-up log."""
 
@@ -59,9 +70,7 @@ def choose_layout(config: ServerConfig, given: set[str], cores: int | None = Non
     if not found:
         return Layout(config, f"one process: no GPU for the {engine} engine ({why_none}); on "
                               "the CPU one process serves the most (--workers N for more)")
-    indices = config.gpu_indices() or [0]  # a sim engine simulates one unless told more
-    if engine != "sim" and not config.gpu_indices():
-        indices = list(range(found))  # every GPU there is
+    indices = chosen_gpus(config, given, engine, found)
     cores = cores or len(os.sched_getaffinity(0))
     workers = max(len(indices), min(MAX_WORKERS, max(MIN_WORKERS, cores // CORES_PER_WORKER)))
     sessions = config.num_inference_sessions if "num_inference_sessions" in given \
