@@ -5,9 +5,8 @@ engine that pads each batch's rows up to fixed row counts (CUDA graphs: ``Engine
 gives them as the row buckets instead: a batch of 42 rows then costs what the 64-row shape it
 runs on costs, so estimates rise in steps, as the device's time does. Likewise its lengths
 (``Engine.length_steps``): 30 tokens run as the 64-token graph and cost what 36 do. Each bucket
-keeps its most
-recent measurements and answers with their lower median, so one outlier (a
-pause, a noisy neighbour, a batch held up elsewhere) cannot swing a decision: noise only ever adds
+keeps its most recent measurements and answers with their lower median, so one outlier (a pause,
+a noisy neighbour, a batch held up elsewhere) cannot swing a decision: noise only ever adds
 time. ``estimate`` interpolates over rows at the nearest measured length and scales by the tokens
 ratio, so a model warmed on a few shapes can rank any candidate batch. Pure Python, thread-safe;
 it knows nothing of engines or sockets.
@@ -46,8 +45,7 @@ class CostModel:
 
     def __init__(self, row_steps: Sequence[int] | None = None,
                  length_steps: Sequence[int] | None = None) -> None:
-        self._steps: tuple[int, ...] = tuple(sorted(set(row_steps or ())))
-        self._length_steps: tuple[int, ...] = tuple(sorted(set(length_steps or ())))
+        self._steps, self._length_steps = _ascending(row_steps), _ascending(length_steps)
         self._lock = threading.Lock()
         self._samples: dict[tuple[int, int], deque[float]] = {}
         self._seconds: dict[tuple[int, int], float] = {}  # lower median of each bucket's samples
@@ -63,8 +61,7 @@ class CostModel:
         """The row counts and lengths the engine pads batches up to (None or empty: it runs
         any); set before it measures, as a session loads its engine."""
         with self._lock:
-            self._steps = tuple(sorted(set(row_steps or ())))
-            self._length_steps = tuple(sorted(set(length_steps or ())))
+            self._steps, self._length_steps = _ascending(row_steps), _ascending(length_steps)
             self._estimates.clear()
 
     @property
@@ -75,18 +72,12 @@ class CostModel:
     def padded_rows(self, rows: int) -> int:
         """The rows a batch of ``rows`` runs as: the engine's next row step where it pads to
         steps and one holds it, else ``rows``."""
-        steps = self._steps
-        if steps and rows <= steps[-1]:
-            return steps[bisect.bisect_left(steps, rows)]
-        return rows
+        return _next_step(self._steps, rows) or rows
 
     def _length_key(self, length: int) -> int:
         """The length bucket of ``length``: the engine's next length step where it pads to
         steps and one holds it, else the next multiple of LENGTH_STEP."""
-        steps = self._length_steps
-        if steps and length <= steps[-1]:
-            return steps[bisect.bisect_left(steps, length)]
-        return length_bucket(length)
+        return _next_step(self._length_steps, length) or length_bucket(length)
 
     def observe(self, rows: int, length: int, seconds: float, warmup: bool = False) -> None:
         """Record one measured batch (engine time only).
@@ -97,10 +88,9 @@ class CostModel:
         loaded cost.
         """
         with self._lock:
-            ran = self.padded_rows(rows)  # the device ran these rows: a step's whole shape
-            stepped = bool(self._steps) and rows <= self._steps[-1]
-            key = (ran if stepped else rows_bucket(rows), self._length_key(length))
-            scaled = seconds * key[0] / max(1, ran)  # to the bucket's own row count
+            step = _next_step(self._steps, rows)  # the device ran a step's whole shape
+            key = (step or rows_bucket(rows), self._length_key(length))
+            scaled = seconds * key[0] / max(1, step or rows)  # to the bucket's own row count
             samples = self._samples.setdefault(key, deque(maxlen=WINDOW))
             if warmup:
                 self._prior.add(key)
@@ -138,6 +128,15 @@ class CostModel:
         """Measured buckets as {"ROWSxLENGTH": milliseconds per batch}, for stats."""
         with self._lock:
             return {f"{r}x{n}": 1000 * s for (r, n), s in sorted(self._seconds.items())}
+
+
+def _ascending(steps: Sequence[int] | None) -> tuple[int, ...]:
+    return tuple(sorted(set(steps or ())))
+
+
+def _next_step(steps: tuple[int, ...], value: int) -> int | None:
+    """The first of ``steps`` (ascending) at or over ``value``; None when none is."""
+    return steps[bisect.bisect_left(steps, value)] if steps and value <= steps[-1] else None
 
 
 def _interpolate(points: list[tuple[int, float]], rows: int) -> float:

@@ -93,8 +93,6 @@ class ExecutorEngine(Engine):
         self.output_names = tuple(info.output_names)
         self.buckets = buckets
         self.per_token = info.task not in FIXED_WIDTH_TASKS
-        #: Seconds the last job waited in the executor for its last rows' batch to start.
-        self.queued_s: float | None = None
         self.routes = routes
         self.device = routes.executors[0][0]
         self._devices = dict((address, device) for device, address in routes.executors)
@@ -135,7 +133,7 @@ class ExecutorEngine(Engine):
         if isinstance(reply, Failure):
             raise RuntimeError(reply.message)
         assert isinstance(reply, Answer), type(reply).__name__
-        self.device_s, self.queued_s = reply.device_s, reply.queued_s
+        self.device_s = reply.device_s
         return join_groups(reply.outputs, split.places, rows, width, self.per_token)
 
     def describe(self) -> str:

@@ -31,7 +31,7 @@ import numpy as np
 from engines.base import Engine
 from scheduling.planner import BatchPolicy, plan_batch
 from scheduling.session import batch_cost
-from workers.executor_wire import Answer, Failure, Job
+from workers.executor_wire import Answer, Failure, Job, pad_columns
 
 log = logging.getLogger("executor")
 
@@ -228,7 +228,8 @@ class Executor:
         rows = sum(piece.rows for piece in chosen)
         started = time.monotonic()
         try:
-            feeds = {name: np.concatenate([_pad(piece.feed(name), length) for piece in chosen])
+            feeds = {name: np.concatenate([pad_columns(piece.feed(name), length)
+                                            for piece in chosen])
                      for name in self.engine.input_names}
             outputs: Any = self.engine.run(feeds)
         except Exception as exc:  # noqa: BLE001 - the batch's jobs fail, the loop goes on
@@ -302,9 +303,3 @@ def _in_order(parts: list[tuple[int, dict[str, np.ndarray]]]) -> dict[str, np.nd
     parts = sorted(parts, key=lambda part: part[0])
     return {name: np.concatenate([outputs[name] for _, outputs in parts])
             for name in parts[0][1]}
-
-
-def _pad(values: np.ndarray, length: int) -> np.ndarray:
-    """Rows padded with zeros (pad id, no attention, segment 0) up to ``length`` tokens."""
-    short = length - values.shape[1]
-    return values if short == 0 else np.pad(values, ((0, 0), (0, short)))

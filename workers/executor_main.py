@@ -52,7 +52,7 @@ def serve_connection(conn: Connection, executor: Executor) -> None:
             return
         if isinstance(message, Hello):
             link.source = message.pid
-            link.send(Described(engine.describe(), engine.precision, engine.row_steps))
+            link.send(Described(engine.describe(), engine.precision))
         elif isinstance(message, Job):
             executor.submit(link, message)
         else:

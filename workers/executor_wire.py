@@ -48,7 +48,6 @@ class Described(NamedTuple):
 
     description: str
     precision: str
-    row_steps: tuple[int, ...] | None
 
 
 class Job(NamedTuple):
@@ -112,7 +111,7 @@ def join_groups(outputs: Sequence[Mapping[str, np.ndarray]], places: Sequence[np
         only = outputs[0]
         if not per_token:
             return dict(only)
-        return {name: _widen(value, width) for name, value in only.items()}
+        return {name: pad_columns(value, width) for name, value in only.items()}
     joined: dict[str, np.ndarray] = {}
     for group, place in zip(outputs, places, strict=True):
         for name, value in group.items():
@@ -126,7 +125,10 @@ def join_groups(outputs: Sequence[Mapping[str, np.ndarray]], places: Sequence[np
     return joined
 
 
-def _widen(value: np.ndarray, width: int) -> np.ndarray:
+def pad_columns(value: np.ndarray, width: int) -> np.ndarray:
+    """``value`` (rows first) padded with zeros along its second axis up to ``width``: for
+    inputs, pad ids with no attention in segment 0; for per-token outputs, columns no task
+    reads."""
     short = width - value.shape[1]
     pads = [(0, 0), (0, short)] + [(0, 0)] * (value.ndim - 2)
     return value if short <= 0 else np.pad(value, pads)
