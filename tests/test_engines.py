@@ -235,3 +235,20 @@ def test_only_engines_that_share_the_cores_get_a_lone_layout() -> None:
     assert shared.lone_threads() == (cores if shared.engine_threads() < cores else 0)
     assert ServerConfig(threads_per_session=1).lone_threads() == 0  # set by hand: kept
     assert ServerConfig(workers=2).lone_threads() == 0  # across processes: no one can tell
+
+
+def test_a_session_s_engine_gets_the_lone_layout_from_its_queue(tiny_model_dir: Path) -> None:
+    """The server's own engine factory hands the engine its queue's ``crowded``: an empty
+    queue (falsy: it has a length) must still count as one."""
+    from scheduling.queue import WorkQueue
+    from settings.server_config import ServerConfig
+    from workers.local import default_engine_factory
+
+    config = ServerConfig(model_dir=str(tiny_model_dir), num_inference_sessions=2,
+                          threads_per_session=0)
+    queue = WorkQueue()
+    engine = default_engine_factory(config, "cpu", queue)()
+    assert engine.lone_threads == config.lone_threads()
+    if config.lone_threads():  # a machine of more cores than one session's threads
+        engine.run(_feeds(tiny_model_dir))
+        assert engine.lone_runs == 1  # nothing else queued or running: every core

@@ -76,7 +76,7 @@ def default_engine_factory(config: ServerConfig, device: str,
     budget); ``queue`` (ONNX on the CPU) says when a batch has the machine to itself."""
     return partial(load_engine, config.inference_engine_type, config.model_dir, device=device,
                    threads=config.engine_threads(), lone_threads=config.lone_threads(),
-                   crowded=queue.crowded if queue else None, precision=config.precision,
+                   crowded=None if queue is None else queue.crowded, precision=config.precision,
                    graph=config.pytorch_graph, lengths=config.bucket_lengths(),
                    max_seq_len=config.max_seq_len, max_tokens=config.max_batch_tokens,
                    onnx_cuda_graphs=config.onnx_cuda_graphs == "on",
