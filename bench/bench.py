@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -125,38 +126,63 @@ def raw_runs(targets: list[Target], mixes: dict[str, list[Item]], kinds: list[st
 
 def server_runs(kind: str, targets: list[Target], mixes: dict[str, list[Item]],
                 levels: list[int], sessions: int, min_requests: int, extra: list[str],
-                modes: list[str], best: dict[tuple[str, str], float] | None = None
-                ) -> list[dict[str, Any]]:
+                modes: list[str], best: dict[tuple[str, str], float] | None = None,
+                rounds: int = 1) -> list[dict[str, Any]]:
     """Closed-loop load at each concurrency, for every model, on one server process per
     ``--model_dir`` and batching mode.
 
-    A mode may carry more server flags after a colon (``auto:--workers 2``): servers of
-    different layouts then run side by side. All servers start first (an idle one costs
-    nothing); at each level every (model, mode) runs once, in an order that reverses from one
-    level to the next, so that drift on a shared machine favours none. ``best``: the best raw
-    figure per (model, engine), to print each figure against."""
+    A mode may carry more server flags after a colon (``auto:--workers 2``), and another
+    checkout's server.py after an at sign (``auto@../base``): servers of different layouts or
+    commits then run side by side. All servers start first (an idle one costs nothing); at each
+    level every (model, mode) runs ``rounds`` times, in an order that reverses from one pass to
+    the next, so that drift on a shared machine favours none; each figure is the median of its
+    rounds (:func:`median_rows`). ``best``: the best raw figure per (model, engine), to print
+    each figure against."""
     servers: dict[tuple[str, str], tuple[Any, int]] = {}
     runs = [(target, mode) for target in targets for mode in modes]
     rows = []
     try:
         for served in dict.fromkeys(t.served for t in targets):
             for mode in modes:
-                servers[served, mode] = start_server(kind, served, sessions,
-                                                     [*extra, *_mode_flags(mode)])
-        for n, clients in enumerate(levels):
+                flags, root = _mode_flags(mode)
+                servers[served, mode] = start_server(kind, str(Path(served).resolve()), sessions,
+                                                     [*extra, *flags], root=root)
+        passes = [clients for clients in levels for _ in range(rounds)]
+        for n, clients in enumerate(passes):
             for target, mode in runs if n % 2 == 0 else runs[::-1]:
                 rows.append(_one_level(kind, target, mode, servers[target.served, mode][1],
                                        clients, mixes[target.name], sessions, min_requests,
                                        (best or {}).get((target.name, kind))))
     finally:
         stop_servers(*(proc for proc, _ in servers.values()))
-    return rows
+    return median_rows(rows)
 
 
-def _mode_flags(mode: str) -> list[str]:
-    """``auto`` -> ``--batching auto``; ``auto:--workers 2`` -> that plus ``--workers 2``."""
+def _mode_flags(mode: str) -> tuple[list[str], Path]:
+    """``auto`` -> ``--batching auto`` in this checkout; ``auto:--workers 2`` -> that plus
+    ``--workers 2``; ``auto@DIR`` -> ``--batching auto`` in the checkout at DIR."""
     batching, _, flags = mode.partition(":")
-    return ["--batching", batching, *flags.split()]
+    batching, _, root = batching.partition("@")
+    return ["--batching", batching, *flags.split()], Path(root).resolve() if root else ROOT
+
+
+def median_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (model, engine, mode, concurrency): its rounds' medians of requests/s, p50
+    and p99 (the other figures are the median-throughput round's), each round's requests/s
+    in ``rounds_rps``."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        key = (row["model"], row["engine"], row["batching"], row["concurrency"])
+        groups.setdefault(key, []).append(row)
+    out = []
+    for group in groups.values():
+        ranked = sorted(group, key=lambda r: r["throughput_rps"])
+        row = dict(ranked[(len(ranked) - 1) // 2])
+        for figure in ("throughput_rps", "p50_ms", "p99_ms"):
+            row[figure] = statistics.median(r[figure] for r in group)
+        row["rounds_rps"] = [r["throughput_rps"] for r in group]
+        out.append(row)
+    return out
 
 
 def _one_level(kind: str, target: Target, mode: str, port: int, clients: int,
@@ -268,7 +294,9 @@ def report(targets: list[Target], raw: list[dict[str, Any]],
         served = [r for r in server if r["model"] == target.name]
         parts += [f"## {target.name} ({target.task}, {target.folder})", "", raw_table(mine), "",
                   summary_table(mine, served)]
-        if batching := batching_table(served):
+        modes = list(dict.fromkeys(r["batching"] for r in served))
+        base = "off" if "off" in modes else modes[0]
+        if batching := batching_table(served, base):
             parts += ["", batching]
         parts.append("")
     return "\n".join(parts)
@@ -307,9 +335,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sessions", type=int, default=2, help="server --num_inference_sessions")
     p.add_argument("--batching", default="auto,off",
                    help="server --batching modes to run side by side (first is the default's); "
-                   "a mode may add server flags after a colon: 'auto,auto:--workers 2'")
+                   "a mode may add server flags after a colon: 'auto,auto:--workers 2', and "
+                   "another checkout's server.py after an at sign: 'auto,auto@../base'")
     p.add_argument("--raw_pairs", type=int, default=128, help="requests per batch size (at least)")
     p.add_argument("--server_requests", type=int, default=256, help="requests per concurrency")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="runs of each server at each concurrency, alternating; medians reported")
     p.add_argument("--raw_threads", type=int, default=0, help="engine threads (0: all cores)")
     p.add_argument("--server_args", default="", help="extra server.py flags, space-separated")
     p.add_argument("--device", default="auto", help="the raw engines' and servers' --device "
@@ -356,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = args.batching.split(",")
     server = [row for kind in kinds for row in
               server_runs(kind, targets, mixes, levels, args.sessions, args.server_requests,
-                          server_flags(args), modes, best)]
+                          server_flags(args), modes, best, args.rounds)]
     order = [t.name for t in targets]
     server.sort(key=lambda r: (order.index(r["model"]), kinds.index(r["engine"]),
                                modes.index(r["batching"]), r["concurrency"]))
