@@ -34,7 +34,6 @@ from broker.connect import (
     ensure_group,
     first_connect,
 )
-from broker.expiry import ExpiryClock
 from broker.in_flight import GivenUp, InFlight
 from broker.monitor import BrokerMonitor
 from broker.urls import redact
@@ -50,9 +49,9 @@ from protocol.errors import (
     error_for_code,
 )
 from protocol.messages import QARequest
-from scheduling.pool import BACKOFF_S
+from scheduling.deadlines import ExpiryClock
 from scheduling.queue import Responder, WorkItem
-from scheduling.waits import raise_if_cancelled
+from scheduling.waits import backoff_s, raise_if_cancelled
 from settings.server_config import ServerConfig
 from tasks.base import answer_of
 from tasks.qa import QATask
@@ -214,7 +213,7 @@ class RedisBackend:
         failures = 0
         while not self._stopping:
             if not self._up:
-                time.sleep(BACKOFF_S[min(failures, len(BACKOFF_S) - 1)] or 0.1)
+                time.sleep(backoff_s(failures, least=0.1))
                 failures = self._reconnect(failures)
                 continue
             try:

@@ -20,6 +20,7 @@ import redis
 
 from broker.connect import BROKER_ERRORS, GROUP, Keys
 from broker.wire import FIELD
+from transport.bulk import BulkSender
 from transport.coalesce import holding
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,9 @@ RETRY_S = 0.5
 Reply = tuple[bytes, str | None, bytes | None]
 
 
-class ReplyOutbox(threading.Thread):
-    """Collects (entry id, reply stream, reply) from the session threads and sends them.
+class ReplyOutbox:
+    """Collects (entry id, reply stream, reply) from the session threads and sends them in bulk
+    (transport/bulk.py), one pipeline a bulk.
 
     Args:
         client: A Redis client.
@@ -51,14 +53,14 @@ class ReplyOutbox(threading.Thread):
 
     def __init__(self, client: redis.Redis, keys: Keys, on_sent: Callable[[int], None],
                  idle: Callable[[], bool] = lambda: False) -> None:
-        super().__init__(name="broker-outbox", daemon=True)
         self.client, self.keys, self.on_sent, self.idle = client, keys, on_sent, idle
-        self._queue: list[Reply] = []
+        self._bulk: BulkSender[Reply] = BulkSender(self._send_bulk, "broker-outbox")
         self._held = threading.local()  # each session thread's replies of its batch
-        self._cond = threading.Condition()
-        self._closed = False
-        self._sending = False  # a bulk is on its way (sent by the outbox thread or a session)
         self.lost = 0  # replies given up after SEND_TRIES
+
+    def start(self) -> None:
+        """Start the sending thread."""
+        self._bulk.start()
 
     def put(self, entry_id: bytes, reply_to: str | None, reply: bytes | None) -> None:
         """Queue one reply (any thread; never waits on an unreachable Redis). ``reply_to``
@@ -68,7 +70,7 @@ class ReplyOutbox(threading.Thread):
                 self._held.replies = []
             self._held.replies.append((entry_id, reply_to, reply))
             return
-        self._enqueue([(entry_id, reply_to, reply)])
+        self._bulk.put((entry_id, reply_to, reply))
 
     def flush_held(self) -> None:
         """Send the replies this thread held (``transport.coalesce.Holder``): at once on this
@@ -76,46 +78,22 @@ class ReplyOutbox(threading.Thread):
         bulk, self._held.replies = getattr(self._held, "replies", None) or [], None
         if not bulk:
             return
-        with self._cond:
-            inline = not (self._sending or self._queue or self._closed) and self.idle()
-            if inline:
-                self._sending = True
-        if not inline:
-            self._enqueue(bulk)
+        if not (self.idle() and self._bulk.claim_idle()):
+            self._bulk.extend(bulk)
             return
         sent = False
         try:
             sent = self._send_once(bulk) is None
         finally:
-            with self._cond:
-                self._sending = False
-                if not sent:
-                    self._queue[:0] = bulk  # the outbox thread retries it, first
-                self._cond.notify()
+            self._bulk.release([] if sent else bulk)  # the outbox thread retries it, first
         if sent:
             self.on_sent(len(bulk))
 
-    def _enqueue(self, replies: list[Reply]) -> None:
-        with self._cond:
-            self._queue.extend(replies)
-            self._cond.notify()
-
-    def run(self) -> None:
-        """Send whatever has gathered, until closed and empty."""
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: not self._sending and (
-                    bool(self._queue) or self._closed))
-                bulk, self._queue = self._queue, []
-                if not bulk:
-                    return
-                self._sending = True
-            try:
-                self._send(bulk)
-            finally:
-                with self._cond:
-                    self._sending = False
-            self.on_sent(len(bulk))
+    def _send_bulk(self, bulk: list[Reply]) -> bool:
+        """The outbox thread's send: tried until it goes or is given up."""
+        self._send(bulk)
+        self.on_sent(len(bulk))
+        return True
 
     def _pipeline(self, bulk: list[Reply]) -> Any:
         """The replies of ``bulk``, and its entries acknowledged and deleted, as one pipeline."""
@@ -143,7 +121,7 @@ class ReplyOutbox(threading.Thread):
                 return
             if attempt == 0:
                 log.warning("cannot send %d replies (%s); retrying", len(bulk), error)
-            if self._closed and attempt >= 2:
+            if self._bulk.closed and attempt >= 2:
                 break
             time.sleep(RETRY_S)
         self.lost += len(bulk)
@@ -153,12 +131,8 @@ class ReplyOutbox(threading.Thread):
     @property
     def backlog(self) -> int:
         """Replies waiting to be sent."""
-        with self._cond:
-            return len(self._queue)
+        return self._bulk.backlog
 
     def close(self, timeout: float) -> None:
         """Send what is queued, then stop."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        self.join(timeout)
+        self._bulk.close(timeout)

@@ -39,9 +39,9 @@ from engines.base import Engine
 from engines.model_dir import ModelInfo, model_fingerprint
 from protocol.errors import InternalError, ServerError, WorkerLost
 from scheduling.planner import MIN_GAIN
-from scheduling.pool import BACKOFF_S, SessionPool
+from scheduling.pool import SessionPool
 from scheduling.queue import DeadlineReaper, WorkItem, WorkQueue
-from scheduling.waits import StartCancelled
+from scheduling.waits import StartCancelled, backoff_s
 from settings.server_config import ServerConfig
 from tasks.qa import padded_lengths
 from telemetry.stats import ServerStats
@@ -178,7 +178,7 @@ class RedisWorker:
 
     def _back_off(self, failures: int) -> int:
         """Wait the back-off after ``failures`` failures in a row (less if stopping)."""
-        self._stopping.wait(BACKOFF_S[min(failures, len(BACKOFF_S) - 1)] or 0.1)
+        self._stopping.wait(backoff_s(failures, least=0.1))
         return failures + 1
 
     def _wait_for_room(self) -> int:

@@ -65,6 +65,15 @@ class Engine(ABC):
             for QA logits, ``[rows, dim]`` for embeddings, ``[rows, labels]`` for class logits.
         """
 
+    def run_by(self, feeds: Mapping[str, np.ndarray],
+               deadline: float | None) -> dict[str, np.ndarray]:
+        """Run one batch whose answers nobody takes after ``deadline`` (``time.monotonic()``;
+        None: no deadline). An engine that queues batches behind others (an executor's) drops
+        one whose deadline passes first, raising ``protocol.errors.DeadlineExceeded``, and
+        raises its other failures typed too (``ServerError``); one that runs it at once runs
+        it (the default)."""
+        return self.run(feeds)
+
     def device_busy(self) -> float | None:
         """The device's busy fraction of late, where the engine knows it (the simulated
         device: every process's runs on it); None: unknown (the default)."""

@@ -15,12 +15,10 @@ from collections.abc import Callable
 
 from engines.base import Engine
 from scheduling.session import InferenceSession
-from scheduling.waits import wait_until_set
+from scheduling.waits import backoff_s, wait_until_set
 
 log = logging.getLogger(__name__)
 
-#: Seconds before the n-th consecutive replacement of one session (the last value repeats).
-BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 class SessionPool:
@@ -101,7 +99,7 @@ class SessionPool:
             index = session.index
             if session.crash is not None:  # it had loaded (the only way a loaded one stops)
                 self._failures[index] = 0  # so replace it at once, and back off afresh
-            delay = BACKOFF_S[min(self._failures[index], len(BACKOFF_S) - 1)]
+            delay = backoff_s(self._failures[index])
             self._failures[index] += 1
             self.restarts += 1
             what = "died" if session.crash is not None else "could not load its engine"

@@ -14,8 +14,6 @@ free. ``purge`` removes items nobody waits for any more (their client left).
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import threading
 import time
@@ -25,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.errors import DeadlineExceeded, Overloaded, ServerError, ShuttingDown
+from scheduling.deadlines import DeadlineHeap
 from scheduling.planner import BatchPolicy, plan_batch, wait_for_more
 
 log = logging.getLogger(__name__)
@@ -94,8 +93,7 @@ class WorkQueue:
         self._lock = threading.Lock()
         self._not_empty = threading.Condition(self._lock)
         self._expiry = threading.Condition(self._lock)  # the earliest deadline changed, or close
-        self._deadlines: list[tuple[float, int, WorkItem]] = []  # heap; may hold taken items
-        self._seq = itertools.count()
+        self._deadlines: DeadlineHeap[WorkItem] = DeadlineHeap()  # may hold taken items
         self._closed = False
         self._busy = 0  # sessions running a batch
         self._arrivals: deque[float] = deque(maxlen=64)
@@ -112,10 +110,8 @@ class WorkQueue:
             item.queued = True
             self._items.append(item)
             self._arrivals.append(item.enqueued_at)
-            if item.deadline is not None:
-                heapq.heappush(self._deadlines, (item.deadline, next(self._seq), item))
-                if self._deadlines[0][2] is item:
-                    self._expiry.notify()
+            if item.deadline is not None and self._deadlines.push(item.deadline, item):
+                self._expiry.notify()
             self._not_empty.notify()
 
     def check_room(self) -> None:
@@ -224,8 +220,7 @@ class WorkQueue:
         """After items left the queue (lock held): compact the deadline heap, wake the reaper
         once the closed queue is empty."""
         if len(self._deadlines) > 2 * len(self._items) + 64:  # taken items' entries pile up
-            self._deadlines = [entry for entry in self._deadlines if entry[2].queued]
-            heapq.heapify(self._deadlines)
+            self._deadlines.keep(lambda item: item.queued)
         if self._closed and not self._items:
             self._expiry.notify_all()
 
@@ -240,16 +235,11 @@ class WorkQueue:
                 if self._closed and not self._items:
                     return None
                 now = time.monotonic()
-                expired = []
-                while self._deadlines and self._deadlines[0][0] <= now:
-                    item = heapq.heappop(self._deadlines)[2]
-                    if item.queued:
-                        expired.append(item)
+                expired = [item for item in self._deadlines.pop_due(now) if item.queued]
                 if expired:
                     self._remove(expired)
                     return expired
-                # capped: a far deadline must never overflow the wait (or outlive a clock jump)
-                self._expiry.wait(min(self._deadlines[0][0] - now, 60.0) if self._deadlines else None)
+                self._expiry.wait(self._deadlines.wait_s(now))
 
     def purge(self, drop: Callable[[WorkItem], bool]) -> list[WorkItem]:
         """Remove and return every queued item for which ``drop(item)`` is true."""

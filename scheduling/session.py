@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from engines.base import Engine
-from protocol.errors import EngineError, InternalError
+from protocol.errors import DeadlineExceeded, EngineError, InternalError, ServerError
 from scheduling.planner import MIN_GAIN, BatchPolicy
 from scheduling.queue import WorkItem, WorkQueue
 from tasks.base import answer_of
@@ -176,9 +176,12 @@ class InferenceSession(threading.Thread):
         try:
             feeds = self.task.collate(features)
             started = time.monotonic()
-            outputs = self.engine.run(feeds)
+            outputs = self.engine.run_by(feeds, _latest_deadline(live))
             engine_s = time.monotonic() - started
             per_request = self.task.split_outputs(features, outputs)
+        except ServerError as exc:  # typed by the engine (an executor's): said as it is
+            _fail_typed(live, exc, self.name)
+            return
         except Exception as exc:  # noqa: BLE001 - the batch fails, the session keeps serving
             log.exception("%s: engine failed on a batch of %d", self.name, len(live))
             error = EngineError(f"inference failed: {type(exc).__name__}: {exc}")
@@ -196,6 +199,28 @@ class InferenceSession(threading.Thread):
 
     def _answer(self, item: WorkItem, outputs: tuple[Any, ...]) -> None:
         item.answer(*answer_of(self.task, item.features, outputs, self.name))
+
+
+def _latest_deadline(items: Sequence[WorkItem]) -> float | None:
+    """When the last of ``items`` stops wanting an answer (None: one of them never does)."""
+    latest = 0.0
+    for item in items:
+        if item.deadline is None:
+            return None
+        latest = max(latest, item.deadline)
+    return latest
+
+
+def _fail_typed(items: Sequence[WorkItem], error: ServerError, session: str) -> None:
+    """Answer ``items`` with the engine's typed ``error``: a deadline with each one's own
+    words (and only at debug level in the log: under overload it is the rule)."""
+    expired = isinstance(error, DeadlineExceeded)
+    log.log(logging.DEBUG if expired else logging.WARNING, "%s: a batch of %d failed: %s: %s",
+            session, len(items), error.code, error.message)
+    now = time.monotonic()
+    for item in items:
+        item.answer(None, item.deadline_error(now) if expired and item.deadline is not None
+                    else error)
 
 
 def time_shapes(engine: Engine, policy: BatchPolicy, lengths: Sequence[int],

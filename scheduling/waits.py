@@ -10,6 +10,9 @@ A start-up waits for engines to load and worker processes to warm up, which take
 minutes. A signal's handler only sets a flag (the ``cancel`` event); each wait of the start-up
 checks it at every step and raises ``StartCancelled``, so that a stop asked during start-up
 stops the start-up instead of waiting for it to finish.
+
+``backoff_s`` is the one back-off of everything retried after failures: sessions and processes
+replaced, brokers reconnected.
 """
 
 from __future__ import annotations
@@ -49,3 +52,14 @@ def wait_until_set(event: threading.Event, cancel: threading.Event | None = None
     raise_if_cancelled(cancel)
     while not event.wait(SIGNAL_POLL_S):
         raise_if_cancelled(cancel)
+
+
+#: Seconds before the n-th consecutive retry of anything that keeps failing (a session or
+#: process replaced, a broker reconnected); the last value repeats.
+BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+def backoff_s(failures: int, least: float = 0.0) -> float:
+    """Seconds to wait after ``failures`` consecutive failures (0: the first retry), at least
+    ``least``."""
+    return max(least, BACKOFF_S[min(max(0, failures), len(BACKOFF_S) - 1)])

@@ -4,6 +4,7 @@ model on ONNX Runtime and real connections (multiprocessing pipes)."""
 
 from __future__ import annotations
 
+import time
 from multiprocessing import Pipe
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from scheduling.cost_model import CostModel
 from scheduling.planner import BatchPolicy, plan_batch
 from scheduling.session import time_shapes
 from workers.executor_loop import Executor, JobState, Link, Piece, fill_step
-from workers.executor_wire import Answer, Job, join_groups, split_by_length
+from workers.executor_wire import Answer, Failure, Job, join_groups, split_by_length
 
 
 def batch_of(lengths: list[int], width: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -124,3 +125,27 @@ def test_a_worker_gone_mid_answer_stops_no_one_else(tiny_model_dir: Path) -> Non
     executor.stop(timeout=10)
     assert sorted(a.job_id for a in answers) == list(range(100, 120))
     gone.send(Job(0, []))  # a closed link: nothing sent, nothing raised
+
+
+def test_a_job_past_its_deadline_is_answered_so_and_never_runs(tiny_model_dir: Path) -> None:
+    engine = OnnxEngine(tiny_model_dir, device="cpu", intra_op_threads=1)
+    policy = BatchPolicy(mode="auto", max_items=64, max_tokens=16 * 64, cost=CostModel(),
+                         fill=True)
+    executor = Executor(engine, policy, per_token=True)
+    ours, theirs = Pipe()
+    link = Link(theirs)
+    group = split_by_length(batch_of([40] * 3, 64), (64,)).groups
+    now = time.monotonic()
+    executor.submit(link, Job(0, group, now - 0.001))  # its requests stopped waiting
+    executor.submit(link, Job(1, group, now + 60))
+    executor.submit(link, Job(2, group))  # no deadline
+    replies = {reply.job_id: reply for reply in (ours.recv() for _ in range(3))}
+    executor.stop(timeout=10)
+    assert isinstance(replies[0], Failure) and replies[0].code == "deadline_exceeded"
+    for job_id in (1, 2):
+        answer = replies[job_id]
+        assert isinstance(answer, Answer)
+        assert answer.queued_s >= 0 and answer.run_s > 0 and answer.device_s > 0
+    figures = executor.figures()
+    assert figures["expired_jobs"] == 1 and figures["jobs"] == 2
+    assert figures["rows"] == 6  # the expired job's rows never ran

@@ -9,9 +9,15 @@ to the others: with several GPUs, an idle one is not passed over while another i
 
 Each session of a worker holds one connection to each executor it has used (a Unix socket), so
 a session's run is one send and one receive, with nothing to share between threads but the
-count of jobs in flight. A connection that breaks (the executor died) fails the run in hand
-with an error, which the session answers as ``engine_error``; the next run connects again, to
-the executor the front end has restarted by then, or to another.
+count of jobs in flight and the link's timings. A job carries its batch's deadline, and every
+failure comes back typed (protocol/errors.py), for the session to answer its requests with:
+
+- ``worker_lost``: the connection broke with the job (the executor died); the next run
+  connects again, to the executor the front end has restarted by then, or to another;
+- ``unavailable``: no executor can be reached now (restarting);
+- ``deadline_exceeded``: the deadline passed before the job's rows ran (the executor dropped
+  them unrun);
+- ``engine_error``: the engine failed on a batch holding the job's rows.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ import numpy as np
 
 from engines.base import Engine
 from engines.model_dir import load_model_info
+from protocol.errors import DeadlineExceeded, Unavailable, WorkerLost, error_for_code
+from telemetry.stats import Timing
 from workers.executor_wire import (
     FIXED_WIDTH_TASKS,
     Answer,
@@ -44,6 +52,9 @@ from workers.executor_wire import (
 
 #: Seconds a new engine waits for its executor to accept (it is started before the workers).
 CONNECT_S = 30.0
+#: Seconds past a job's deadline that a session still waits for its executor's answer: an
+#: executor that is alive drops an expired job and answers by then.
+ANSWER_GRACE_S = 1.0
 
 
 #: This process's jobs in flight on each executor (by address), over all its sessions.
@@ -62,8 +73,47 @@ def _in_flight(address: str) -> Iterator[None]:
             _IN_FLIGHT[address] -= 1
 
 
+def _answered_in_time(conn: Connection, deadline: float | None) -> bool:
+    """Whether an answer waits on ``conn``, or comes before ``deadline`` and its grace (any
+    time where there is no deadline)."""
+    if deadline is None:
+        return True
+    return conn.poll(max(0.0, deadline + ANSWER_GRACE_S - time.monotonic()))
+
+
 class ExecutorLost(RuntimeError):
     """The executor closed the connection, or could not be reached."""
+
+
+class LinkTimes:
+    """This process's jobs' timings on the executors, over all its sessions (thread-safe):
+    ``queued``, from a job's arrival in the executor to its last batch's start; ``run``, from
+    that start to its answer; ``hop``, the rest of its round trip (both ways over the socket,
+    and the threads' wake-ups on each side)."""
+
+    NAMES = ("queued", "run", "hop")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._timings = {name: Timing() for name in self.NAMES}
+
+    def observe(self, queued_s: float, run_s: float, round_trip_s: float) -> None:
+        """One answered job."""
+        with self._lock:
+            hop_s = max(0.0, round_trip_s - queued_s - run_s)
+            for name, seconds in zip(self.NAMES, (queued_s, run_s, hop_s), strict=True):
+                self._timings[name].observe(seconds)
+
+    def to_raw(self) -> dict[str, dict[str, object]] | None:
+        """Every timing as plain data (``Timing.to_raw``); None before the first answer."""
+        with self._lock:
+            if not self._timings["hop"].count:
+                return None
+            return {name: timing.to_raw() for name, timing in self._timings.items()}
+
+
+#: The timings of every job this process's sessions sent to an executor.
+LINK_TIMES = LinkTimes()
 
 
 def executor_address(folder: str, device: str) -> str:
@@ -102,19 +152,50 @@ class ExecutorEngine(Engine):
         self._conns[routes.executors[0][1]] = self._open(routes.executors[0][1], connect_s)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One job on the executor with the fewest of this process's jobs in flight.
+        """One job with no deadline (``run_by``)."""
+        return self.run_by(feeds, None)
+
+    def run_by(self, feeds: Mapping[str, np.ndarray],
+               deadline: float | None) -> dict[str, np.ndarray]:
+        """One job on the executor with the fewest of this process's jobs in flight, which
+        drops it unrun once ``deadline`` (``time.monotonic()``) has passed.
 
         Raises:
-            ExecutorLost: the executor died with the job, or none can be reached now.
-            RuntimeError: the executor's engine failed on the batch (its message).
+            ServerError: typed (see the module docstring): ``WorkerLost``, ``Unavailable``,
+                ``DeadlineExceeded`` or ``EngineError``.
         """
         job_id = next(self._ids)
         rows, width = next(iter(feeds.values())).shape
         split = split_by_length(feeds, self.buckets)
-        job, tried = Job(job_id, split.groups), set()
+        job = Job(job_id, split.groups, deadline)
+        reply, round_trip_s = self._exchange(job)
+        assert reply.job_id == job_id, (reply.job_id, job_id)
+        if isinstance(reply, Failure):
+            raise error_for_code(reply.code, reply.message)
+        assert isinstance(reply, Answer), type(reply).__name__
+        self.device_s = reply.device_s
+        LINK_TIMES.observe(reply.queued_s, reply.run_s, round_trip_s)
+        return join_groups(reply.outputs, split.places, rows, width, self.per_token)
+
+    def _exchange(self, job: Job) -> tuple[Answer | Failure, float]:
+        """Send ``job`` to the least busy executor that takes it; its reply, and the seconds
+        from the send to the reply.
+
+        Raises:
+            Unavailable: no executor can be reached now.
+            WorkerLost: the executor's connection broke with the job.
+            DeadlineExceeded: no reply came by the job's deadline and ``ANSWER_GRACE_S`` (the
+                executor is stalled: it drops an expired job itself); the connection is
+                closed, so that its late reply cannot be taken for the next job's.
+        """
+        tried: set[str] = set()
         while True:
-            address, conn, opened = self._least_busy(tried)
+            try:
+                address, conn, opened = self._least_busy(tried)
+            except ExecutorLost as exc:
+                raise Unavailable(f"no executor can be reached now ({exc})") from exc
             with _in_flight(address):
+                sent = time.monotonic()
                 try:
                     conn.send(job)
                 except OSError:  # it never reached that executor: on a connection kept
@@ -123,18 +204,15 @@ class ExecutorEngine(Engine):
                         tried.add(address)
                     continue
                 try:
-                    reply = conn.recv()
+                    if not _answered_in_time(conn, job.deadline):
+                        self._drop(address)
+                        raise DeadlineExceeded(f"the executor of {self._devices[address]} did "
+                                               "not answer by the deadline (stalled?)")
+                    return conn.recv(), time.monotonic() - sent
                 except (EOFError, OSError) as exc:
                     self._drop(address)
-                    raise ExecutorLost(f"the executor of {self._devices[address]} was lost "
-                                       f"with this batch ({type(exc).__name__})") from exc
-            break
-        assert reply.job_id == job_id, (reply.job_id, job_id)
-        if isinstance(reply, Failure):
-            raise RuntimeError(reply.message)
-        assert isinstance(reply, Answer), type(reply).__name__
-        self.device_s = reply.device_s
-        return join_groups(reply.outputs, split.places, rows, width, self.per_token)
+                    raise WorkerLost(f"the executor of {self._devices[address]} was lost "
+                                     f"with this batch ({type(exc).__name__})") from exc
 
     def describe(self) -> str:
         """What the executors run, and that this process reaches them over sockets."""

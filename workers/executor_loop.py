@@ -7,7 +7,9 @@ loop plans each batch over the waiting pieces as a GPU session plans over reques
 graphs), fills the step the batch runs at anyway with rows of pieces left out, no longer than
 the batch: a piece may be split, its remainder waiting at its place in the queue. So a batch of
 30 rows on a graph of 32 takes 2 more rows where any are waiting, and a worker's job of 15 rows
-may run across two batches.
+may run across two batches. A job whose deadline passes before all its rows have run is
+answered ``deadline_exceeded`` and its rows left out, as are the rows of a job whose batch
+failed: the device runs no row whose answer nobody takes.
 
 Two threads: the run loop (plan, pad, run) and the reply thread (cut each batch's outputs back
 into its pieces, and answer each job once its last piece has run), so that the device's next
@@ -69,6 +71,7 @@ class JobState:
 
     def __init__(self, link: Link, job: Job) -> None:
         self.link, self.job_id, self.groups = link, job.job_id, job.groups
+        self.deadline = job.deadline
         self.arrived = time.monotonic()
         self.parts: list[list[tuple[int, dict[str, np.ndarray]]]] = [[] for _ in job.groups]
         self.left = sum(_rows(group) for group in job.groups)
@@ -89,15 +92,25 @@ class JobState:
             return False
         joined = [_in_order(parts) for parts in self.parts]
         self.answered = True
-        self.link.send(Answer(self.job_id, joined, self.device_s,
-                              self.last_start - self.arrived))
+        self.link.send(Answer(self.job_id, joined, self.device_s, self.last_start - self.arrived,
+                              time.monotonic() - self.last_start))
         return True
 
-    def fail(self, message: str) -> None:
-        """Answer the job with ``message``, unless it is answered already."""
+    def fail(self, code: str, message: str) -> None:
+        """Answer the job with a typed error (its wire ``code``), unless it is answered
+        already."""
         if not self.answered:
             self.answered = True
-            self.link.send(Failure(self.job_id, message))
+            self.link.send(Failure(self.job_id, code, message))
+
+    def expire(self, now: float) -> bool:
+        """Fail the job ``deadline_exceeded`` if its deadline passed before ``now``; True if
+        it did so now."""
+        if self.answered or self.deadline is None or now <= self.deadline:
+            return False
+        self.fail("deadline_exceeded", f"its deadline passed {now - self.deadline:.3f} s "
+                  "before all its rows ran on the device")
+        return True
 
 
 @dataclass(eq=False)
@@ -156,8 +169,8 @@ class Executor:
         self._cond = threading.Condition()
         self._stopping = False
         self._ran: SimpleQueue[tuple[list[Piece], Any, float, float] | None] = SimpleQueue()
-        self.counts = {"batches": 0, "rows": 0, "jobs": 0, "shared_batches": 0,
-                       "most_processes_in_a_batch": 0}
+        self.counts = {"batches": 0, "rows": 0, "jobs": 0, "expired_jobs": 0,
+                       "shared_batches": 0, "most_processes_in_a_batch": 0}
         self.engine_s = 0.0  # wall seconds in the engine's runs
         self.idle_s = 0.0  # seconds the loop waited with nothing to run
         self._threads = [threading.Thread(target=_or_exit(self._loop), name="run-loop",
@@ -168,9 +181,9 @@ class Executor:
             thread.start()
 
     def figures(self) -> dict[str, Any]:
-        """Batches, rows and jobs run, batches holding rows of several worker processes, the
-        most processes in one, pieces waiting now, the seconds in the engine and idle, and the
-        device's busy share where the engine knows it."""
+        """Batches, rows and jobs run, jobs failed for their deadline, batches holding rows of
+        several worker processes, the most processes in one, pieces waiting now, the seconds in
+        the engine and idle, and the device's busy share where the engine knows it."""
         with self._cond:
             waiting = len(self._pieces)
         out = {**self.counts, "pieces_waiting": waiting, "engine_s": round(self.engine_s, 3),
@@ -182,7 +195,7 @@ class Executor:
         """Queue a job's groups for the coming batches."""
         state = JobState(link, job)
         if state.left == 0:  # a session never sends one: nothing to run, nothing to answer with
-            state.fail("a job of no rows")
+            state.fail("engine_error", "a job of no rows")
             return
         pieces = [Piece(state, number, 0, _rows(group), next(iter(group.values())).shape[1],
                         state.arrived) for number, group in enumerate(job.groups) if _rows(group)]
@@ -203,16 +216,28 @@ class Executor:
         try:
             while True:
                 with self._cond:
+                    self._drop_unwanted()
                     if not self._pieces and not self._stopping:
                         waited = time.monotonic()
                         self._cond.wait_for(lambda: bool(self._pieces) or self._stopping)
                         self.idle_s += time.monotonic() - waited
+                        continue  # what came may be past its deadline already
                     if not self._pieces:
                         return
                     chosen = self._plan()
                 self._run(chosen)
         finally:
             self._ran.put(None)
+
+    def _drop_unwanted(self) -> None:
+        """Out of the queue: the pieces of jobs answered already (a batch holding some of their
+        rows failed) and of jobs whose deadline has passed (answered ``deadline_exceeded``
+        now), so that the device runs no row whose answer nobody takes."""
+        now = time.monotonic()
+        for piece in self._pieces:
+            if piece.state.expire(now):
+                self.counts["expired_jobs"] += 1
+        self._pieces = [piece for piece in self._pieces if not piece.state.answered]
 
     def _plan(self) -> list[Piece]:
         """The next batch's pieces, out of the queue (a split piece's rest stays in it)."""
@@ -261,7 +286,7 @@ class Executor:
                     log.exception("cutting a batch's outputs failed")
                     outputs = exc
             for piece in chosen:  # answered already: no second answer
-                piece.state.fail(f"{type(outputs).__name__}: {outputs}")
+                piece.state.fail("engine_error", f"{type(outputs).__name__}: {outputs}")
 
     def _answer(self, chosen: list[Piece], outputs: dict[str, np.ndarray], seconds: float,
                 started: float) -> None:

@@ -2,10 +2,10 @@
 running batches formed from the jobs of every worker process.
 
 The front end starts it as ``python -m workers.executor_main FD`` before the workers
-(workers/executors.py). On its pipe, front end -> executor: ``(config, device, address,
-authkey, log_level)`` first, then ``("stats",)`` any number of times, then ``("stop",)``;
-executor -> front end: ``("ready", description)`` or ``("failed", message)``, then
-``("stats", figures)`` for each ``("stats",)``.
+(workers/executors.py). On its pipe (workers/pipe_items.py's named types), front end ->
+executor: an ``ExecutorStart`` first, then ``AskStats`` any number of times, then ``Stop``;
+executor -> front end: ``Ready(description)`` or ``Failed(message)``, then a ``Stats`` for each
+``AskStats``.
 
 Before it says ready it times the batch shapes it will run, for its cost model. Workers
 connect to ``address`` (a Unix socket; workers/executor_client.py), one connection per session,
@@ -25,7 +25,6 @@ import signal
 import sys
 import threading
 from multiprocessing.connection import Connection, Listener
-from typing import Any
 
 from engines.model_dir import load_model_info
 from engines.shapes import capture_lengths
@@ -37,6 +36,7 @@ from workers.executor_loop import Executor, Link
 from workers.executor_wire import FIXED_WIDTH_TASKS, Described, Hello, Job
 from workers.launch import serve_child
 from workers.local import default_engine_factory
+from workers.pipe_items import AskStats, ExecutorStart, Failed, Ready, Stats
 
 log = logging.getLogger("executor")
 
@@ -97,28 +97,28 @@ def run_executor(config: ServerConfig, device: str, address: str, authkey: bytes
         listener = Listener(address, family="AF_UNIX", authkey=authkey)
     except Exception as exc:  # noqa: BLE001 - reported to the front end
         log.error("cannot start: %s: %s", type(exc).__name__, exc)
-        control.send(("failed", f"{type(exc).__name__}: {exc}"))
+        control.send(Failed(f"{type(exc).__name__}: {exc}"))
         return 1
     executor = Executor(engine, policy, per_token=info.task not in FIXED_WIDTH_TASKS)
     threading.Thread(target=accept_forever, args=(listener, executor), daemon=True,
                      name="accept").start()
-    control.send(("ready", engine.describe()))
+    control.send(Ready(engine.describe()))
     log.info("serving %s for every worker at %s", engine.describe(), address)
     try:
-        while control.recv()[0] == "stats":
-            control.send(("stats", executor.figures()))
-    except (EOFError, OSError):  # else ("stop",): the workers have drained
+        while isinstance(asked := control.recv(), AskStats):
+            control.send(Stats(asked.token, executor.figures()))
+    except (EOFError, OSError):  # else Stop: the workers have drained
         log.warning("front end gone; exiting")
     executor.stop(config.shutdown_timeout_s)
     listener.close()
     return 0
 
 
-def main(control: Connection, first: tuple[Any, ...]) -> int:
+def main(control: Connection, first: ExecutorStart) -> int:
     """``python -m workers.executor_main FD`` (workers/launch.py's ``serve_child``): FD is this
-    executor's end of the front end's pipe."""
-    config, device, address, authkey, log_level = first
-    return run_executor(config, device, address, authkey, control, log_level)
+    executor's end of the front end's pipe, whose first message is an ``ExecutorStart``."""
+    return run_executor(first.config, first.device, first.address, first.authkey, control,
+                        first.log_level)
 
 
 if __name__ == "__main__":

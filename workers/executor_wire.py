@@ -51,26 +51,34 @@ class Described(NamedTuple):
 
 
 class Job(NamedTuple):
-    """One worker batch's rows, as groups of one padded length each (``split_by_length``)."""
+    """One worker batch's rows, as groups of one padded length each (``split_by_length``), and
+    the ``time.monotonic()`` after which none of its requests wants an answer (None: never).
+    One clock serves every process of a machine."""
 
     job_id: int
     groups: list[dict[str, np.ndarray]]
+    deadline: float | None = None
 
 
 class Answer(NamedTuple):
-    """A job's outputs, one dict per group, rows in the group's order; the device seconds its
-    rows' share of their batches came to; seconds from its arrival to its last batch's start."""
+    """A job's outputs, one dict per group, rows in the group's order, and its timings in the
+    executor: the device seconds its rows' share of their batches came to, the seconds from its
+    arrival to its last batch's start (queued), and from that start to this answer (run)."""
 
     job_id: int
     outputs: list[dict[str, np.ndarray]]
     device_s: float
     queued_s: float
+    run_s: float
 
 
 class Failure(NamedTuple):
-    """A job that did not run: the engine failed on a batch holding its rows (its message)."""
+    """A job that did not run, or not all of it: its typed error's wire code
+    (protocol/errors.py: ``engine_error``, the engine failed on a batch holding its rows;
+    ``deadline_exceeded``, its deadline passed before its rows ran) and message."""
 
     job_id: int
+    code: str
     message: str
 
 

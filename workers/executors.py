@@ -17,13 +17,13 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from scheduling.pool import BACKOFF_S
-from scheduling.waits import wait_until_set
+from scheduling.waits import backoff_s, wait_until_set
 from settings.server_config import ServerConfig
 from telemetry.stats import ServerStats
 from workers.executor_client import executor_address
 from workers.executor_wire import ExecutorRoutes
 from workers.launch import exit_words, spawn, wait_exit
+from workers.pipe_items import AskStats, ExecutorStart, Failed, Ready, Stats, Stop
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class ExecutorSet:
         asked = []
         for handle in self.handles.values():
             handle.answered.clear()
-            if _send(handle, ("stats",)):
+            if _send(handle, AskStats()):
                 asked.append(handle)
         deadline = time.monotonic() + timeout
         for handle in asked:
@@ -116,7 +116,7 @@ class ExecutorSet:
             self._stopping = True
             handles = list(self.handles.values())
         for handle in handles:
-            _send(handle, ("stop",))
+            _send(handle, Stop())
         deadline = time.monotonic() + timeout
         for handle in handles:
             if handle.process is not None:
@@ -129,7 +129,7 @@ class ExecutorSet:
 
     def _spawn(self, handle: ExecutorHandle) -> None:
         """A (new) process for ``handle``, and the thread that watches it."""
-        process, control = spawn("workers.executor_main", (
+        process, control = spawn("workers.executor_main", ExecutorStart(
             self.config, handle.device, handle.address, self.authkey, self.log_level))
         with self._lock:
             if self._stopping:
@@ -145,16 +145,16 @@ class ExecutorSet:
         """Read the executor's pipe; when it closes, restart the executor unless stopping."""
         try:
             while True:
-                kind, detail = control.recv()
-                if kind == "ready":
-                    handle.description, handle.error = detail, None
-                    handle.ready.set()
-                elif kind == "failed":
-                    handle.error = detail
-                    handle.ready.set()
-                elif kind == "stats":
-                    handle.figures = detail
-                    handle.answered.set()
+                match control.recv():
+                    case Ready(description):
+                        handle.description, handle.error = description, None
+                        handle.ready.set()
+                    case Failed(message):
+                        handle.error = message
+                        handle.ready.set()
+                    case Stats(_, figures):
+                        handle.figures = figures
+                        handle.answered.set()
         except (EOFError, OSError):
             pass
         wait_exit(process, 1.0)
@@ -164,15 +164,15 @@ class ExecutorSet:
             handle.ready.clear()
             handle.restarts += 1
         self.stats.count_event("executor_restart")
-        backoff = BACKOFF_S[min(handle.restarts - 1, len(BACKOFF_S) - 1)]
+        backoff = backoff_s(handle.restarts - 1)
         log.warning("the executor of %s %s; its workers' batches in hand fail with "
-                    "engine_error; restarting it in %.1f s", handle.device,
+                    "worker_lost; restarting it in %.1f s", handle.device,
                     exit_words(process.returncode), backoff)
         time.sleep(backoff)
         self._spawn(handle)
 
 
-def _send(handle: ExecutorHandle, message: tuple[str, ...]) -> bool:
+def _send(handle: ExecutorHandle, message: AskStats | Stop) -> bool:
     """Send on the executor's pipe; False where it is gone (or not started)."""
     with handle.send_lock:
         if handle.control is None:

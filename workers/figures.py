@@ -9,7 +9,8 @@ from telemetry.stats import Timing
 
 def summarize_worker(worker: dict[str, Any]) -> dict[str, Any]:
     """A worker's entry as the ``stats`` op shows it: plain counts, engine time percentiles
-    (from its last answer when it did not answer this query in time)."""
+    and, with executors, its jobs' timings there (``executor_link``: queued, run and hop); from
+    its last answer when it did not answer this query in time."""
     out = {key: worker[key] for key in ("worker", "pid", "device", "state", "in_flight",
                                         "restarts")}
     out["answered_stats"] = worker.get("figures") is not None
@@ -20,6 +21,9 @@ def summarize_worker(worker: dict[str, Any]) -> dict[str, Any]:
         out.update(batches=figures["batches"], batch_rows=figures["batch_rows"],
                    queue_depth=figures.get("queue_depth", 0),
                    engine_seconds=engine_time.total, engine_time=engine_time.summary())
+        if figures.get("executor_link"):  # --executors on: its jobs' timings there
+            out["executor_link"] = {name: _summary(raw)
+                                    for name, raw in figures["executor_link"].items()}
         fresh = worker.get("figures") is not None  # answered this query: not a stale share
         if fresh and figures.get("device_busy") is not None:  # its engine knows it
             out["device_busy"] = figures["device_busy"]
@@ -28,3 +32,10 @@ def summarize_worker(worker: dict[str, Any]) -> dict[str, Any]:
         out.update(earlier_batches=earlier["batches"],
                    earlier_engine_seconds=earlier["engine_time"]["total"])
     return out
+
+
+def _summary(raw: dict[str, Any]) -> dict[str, float]:
+    """A ``Timing.to_raw`` as its summary (count, mean, max and percentiles, ms)."""
+    timing = Timing()
+    timing.absorb(raw)
+    return timing.summary()

@@ -78,7 +78,7 @@ class WorkerHandle:
         known = [f for f in [self.last_figures, *self._figures.values()] if f is not None]
         return max(known, key=lambda f: f["batches"], default=None)
 
-    def send(self, message: tuple[Any, ...]) -> bool:
+    def send(self, message: tuple[Any, ...]) -> bool:  # a workers/pipe_items.py message
         """Send one message on the pipe; False if the process is gone (its reader notices)."""
         with self._send_lock:
             try:

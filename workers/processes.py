@@ -25,16 +25,26 @@ from typing import Any
 from engines.model_dir import ModelInfo
 from protocol.errors import ShuttingDown, WorkerLost, error_for_code
 from protocol.messages import ModelRequest
-from scheduling.pool import BACKOFF_S
 from scheduling.queue import DeadlineReaper, Responder, WorkItem, WorkQueue
-from scheduling.waits import StartCancelled, wait_until_set
+from scheduling.waits import StartCancelled, backoff_s, wait_until_set
 from settings.server_config import ServerConfig
 from telemetry.stats import ServerStats
 from transport.coalesce import coalesced_sends
 from workers.executors import ExecutorSet
 from workers.handle import WorkerHandle
 from workers.launch import exit_words, spawn, wait_exit
-from workers.pipe_items import Job
+from workers.pipe_items import (
+    Answer,
+    Answers,
+    AskStats,
+    Failed,
+    Job,
+    Jobs,
+    Ready,
+    Stats,
+    Stop,
+    WorkerStart,
+)
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +135,8 @@ class ProcessBackend:
         process, and not multiprocessing's spawn, which would re-run the user's main module.
         """
         executor = self.executors.routes_for(handle.device) if self.executors else None
-        process, ours = spawn("workers.worker_main", (self.config, handle.index, handle.device,
-                                                      self.log_level, executor))
+        process, ours = spawn("workers.worker_main", WorkerStart(
+            self.config, handle.index, handle.device, self.log_level, executor))
         with self._cond:
             if self._stopping:  # stop() ran while this process started: it would be orphaned
                 process.kill()
@@ -200,7 +210,7 @@ class ProcessBackend:
             items = self.queue.take_upto(room, block=False) if room else []
             shares = self._assign(items) if items else {}
         for handle, jobs in shares.items():
-            handle.send(("jobs", jobs))  # a worker that died meanwhile: its pipe thread answers
+            handle.send(Jobs(jobs))  # a worker that died meanwhile: its pipe thread answers
         return bool(items)
 
     def _assign(self, items: list[WorkItem]) -> dict[WorkerHandle, list[Job]]:
@@ -226,22 +236,15 @@ class ProcessBackend:
         """Read one worker process's messages until its pipe closes, then account for it."""
         try:
             while True:
-                message = conn.recv()
-                kind = message[0]
-                if kind == "answers":
-                    self._answered(handle, message[1])
-                elif kind == "ready":
-                    with self._cond:
-                        handle.on_ready(message[1])
-                        self._cond.notify_all()
-                    self._pump()
-                    log.info("model %s: worker %d (pid %d) serving on %s", self.model,
-                             handle.index, process.pid,
-                             handle.describe.get("engine", {}).get("device", handle.device))
-                elif kind == "stats":
-                    handle.on_figures(message[1], message[2])
-                elif kind == "failed":
-                    handle.load_error = message[1]
+                match conn.recv():
+                    case Answers(answers):
+                        self._answered(handle, answers)
+                    case Ready(describe):
+                        self._on_ready(handle, process, describe)
+                    case Stats(token, figures):
+                        handle.on_figures(token, figures)
+                    case Failed(message):
+                        handle.load_error = message
         except (EOFError, OSError):
             pass
         wait_exit(process, EXIT_WAIT_S)  # for its exit status; a pipe closes only as a worker ends
@@ -250,7 +253,16 @@ class ProcessBackend:
             wait_exit(process, EXIT_WAIT_S)
         self._lost(handle, process)
 
-    def _answered(self, handle: WorkerHandle, answers: list[Any]) -> None:
+    def _on_ready(self, handle: WorkerHandle, process: Any, describe: dict[str, Any]) -> None:
+        """The worker loaded and warmed up: it takes work from now on."""
+        with self._cond:
+            handle.on_ready(describe)
+            self._cond.notify_all()
+        self._pump()
+        log.info("model %s: worker %d (pid %d) serving on %s", self.model, handle.index,
+                 process.pid, handle.describe.get("engine", {}).get("device", handle.device))
+
+    def _answered(self, handle: WorkerHandle, answers: list[Answer]) -> None:
         with self._cond:
             done = [(handle.jobs.pop(job_id, None), result, code, message)
                     for job_id, result, code, message in answers]
@@ -290,7 +302,7 @@ class ProcessBackend:
     def _restart(self, handle: WorkerHandle, was_serving: bool, how: str, orphans: int) -> None:
         if was_serving:
             handle.failures = 0  # it had served: replace it at once, and back off afresh
-        delay = BACKOFF_S[min(handle.failures, len(BACKOFF_S) - 1)]
+        delay = backoff_s(handle.failures)
         handle.failures += 1
         handle.restarts += 1
         self.stats.count_event("worker_restart")
@@ -329,7 +341,7 @@ class ProcessBackend:
         for handle in self.handles:
             if handle.state == "serving":
                 handle.expect(token)
-                handle.send(("stats", token))
+                handle.send(AskStats(token))
         until = time.monotonic() + timeout
         return [handle.figures(token, until) for handle in self.handles]
 
@@ -380,7 +392,7 @@ class ProcessBackend:
     def _stop_workers(self, until: float) -> None:
         """Tell every worker to stop, wait for each (at least a few seconds), kill stragglers."""
         for handle in self.handles:
-            handle.send(("stop",))
+            handle.send(Stop())
         for handle in self.handles:
             if handle.process is not None:
                 wait_exit(handle.process, max(5.0, until - time.monotonic()))

@@ -1,16 +1,16 @@
 """The body of one worker process: a LocalBackend fed through its end of a pipe.
 
-The front end starts it as ``python -m workers.worker_main FD``. Messages (pickled tuples) on
-the pipe, front end -> worker:
+The front end starts it as ``python -m workers.worker_main FD``. Messages on the pipe
+(workers/pipe_items.py's named types), front end -> worker:
 
-    (config, index, device, log_level, executor)   first, once (executor: --executors on)
-    ("jobs", [Job(job_id, request, enqueued_at, deadline), ...])   (request: protocol.messages)
-    ("stats", token)            ("stop",)
+    WorkerStart(config, index, device, log_level, executor)   first, once
+    Jobs([Job(job_id, request, enqueued_at, deadline), ...])   (request: protocol.messages)
+    AskStats(token)             Stop()
 
 and worker -> front end:
 
-    ("ready", describe)         ("failed", message)         ("stats", token, batch_figures)
-    ("answers", [(job_id, result or None, error code or None, error message or None), ...])
+    Ready(describe)             Failed(message)             Stats(token, batch_figures)
+    Answers([Answer(job_id, result or None, error code or None, error message or None), ...])
 
 Times are ``time.monotonic()`` seconds, one clock for every process of a machine. The worker
 tokenizes each job as it arrives (on the thread that reads the pipe, while its sessions run the
@@ -41,66 +41,63 @@ from protocol.errors import InternalError, ServerError
 from settings.server_config import ServerConfig
 from tasks.encoding import release_gil
 from telemetry.stats import ServerStats
+from transport.bulk import BulkSender
 from workers.cpu_policy import apply_cpu_scheduling
-from workers.executor_client import ExecutorEngine
+from workers.executor_client import LINK_TIMES, ExecutorEngine
 from workers.executor_wire import ExecutorRoutes
 from workers.launch import serve_child
 from workers.local import LocalBackend
-from workers.pipe_items import Answer, Job
+from workers.pipe_items import (
+    Answer,
+    Answers,
+    AskStats,
+    Failed,
+    Job,
+    Jobs,
+    Ready,
+    Stats,
+    Stop,
+    WorkerStart,
+)
 
 log = logging.getLogger("worker")
 
 
 class Outbox:
-    """Answers collected from the session threads and sent back in bulk by one thread: while a
-    send is under way, the next answers gather into the next message."""
+    """Answers (and the other messages) from every thread, sent back in bulk by one thread
+    (transport/bulk.py): while a send is under way, the next answers gather into the next
+    ``Answers``. The thread that reads the pipe never writes to it, so neither side can block
+    the other's reading."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self._answers: list[Answer] = []
-        self._posts: list[tuple[Any, ...]] = []  # other messages, sent by the same thread
-        self._cond = threading.Condition()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="outbox", daemon=True)
-        self._thread.start()
+        self._bulk: BulkSender[Answer | Ready | Failed | Stats] = BulkSender(self._send, "outbox")
+        self._bulk.start()
 
     def answer(self, job_id: int, result: dict[str, Any] | None,
                error: ServerError | None) -> None:
         """Queue one answer (any thread; never blocks on the pipe)."""
-        entry = (job_id, result, None, None) if error is None else \
-            (job_id, None, error.code, error.message)
-        with self._cond:
-            self._answers.append(entry)
-            if len(self._answers) == 1:
-                self._cond.notify()
+        self._bulk.put(Answer(job_id, result, None, None) if error is None else
+                       Answer(job_id, None, error.code, error.message))
 
-    def post(self, message: tuple[Any, ...]) -> None:
-        """Queue one other message (a stats reply) for the sending thread: the thread that
-        reads the pipe never writes to it, so neither side can block the other's reading."""
-        with self._cond:
-            self._posts.append(message)
-            self._cond.notify()
+    def post(self, message: Ready | Failed | Stats) -> None:
+        """Queue one other message, sent after the answers queued before it."""
+        self._bulk.put(message)
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: bool(self._answers or self._posts) or self._closed)
-                answers, self._answers = self._answers, []
-                posts, self._posts = self._posts, []
-                if not answers and not posts and self._closed:
-                    return
-            try:
-                for message in ([("answers", answers)] if answers else []) + posts:
-                    self.conn.send(message)
-            except OSError:  # the front end is gone: nobody to answer
-                return
+    def _send(self, bulk: list[Answer | Ready | Failed | Stats]) -> bool:
+        """The bulk's answers as one message, then the others; False: the front end is gone."""
+        answers = [item for item in bulk if isinstance(item, Answer)]
+        others = [item for item in bulk if not isinstance(item, Answer)]
+        try:
+            for message in ([Answers(answers)] if answers else []) + others:
+                self.conn.send(message)
+        except OSError:  # nobody to answer
+            return False
+        return True
 
     def close(self) -> None:
         """Send what is queued, then stop."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        self._thread.join(10)
+        self._bulk.close(10)
 
 
 def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
@@ -134,11 +131,11 @@ def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
         backend.start()
     except Exception as exc:  # noqa: BLE001 - reported to the front end, which exits
         log.error("cannot start: %s: %s", type(exc).__name__, exc)
-        outbox.post(("failed", f"{type(exc).__name__}: {exc}"))
+        outbox.post(Failed(f"{type(exc).__name__}: {exc}"))
         outbox.close()
         return 1
     reader.serve(backend)
-    outbox.post(("ready", backend.describe()))
+    outbox.post(Ready(backend.describe()))
     reader.join()
     backend.stop(0.0 if reader.orphaned else config.shutdown_timeout_s)
     outbox.close()
@@ -176,20 +173,25 @@ class PipeReader(threading.Thread):
             except (EOFError, OSError):
                 self._end("front end gone", orphaned=True)
                 return
-            kind = message[0]
-            if kind == "stop":
+            if isinstance(message, Stop):
                 self._end("told to stop", orphaned=False)
                 return
-            backend = self.backend  # set before "ready" went out: jobs come after it
-            assert backend is not None, f"{kind!r} before ready"
-            if kind == "jobs":
-                for job in message[1]:
-                    _submit(backend, self.outbox, job)
-            elif kind == "stats":
-                figures = self.stats.batch_figures()
-                figures["queue_depth"] = backend.queue_depth
-                figures["device_busy"] = backend.device_busy()
-                self.outbox.post(("stats", message[1], figures))
+            backend = self.backend  # set before Ready went out: jobs come after it
+            assert backend is not None, f"{type(message).__name__} before ready"
+            match message:
+                case Jobs(jobs):
+                    for job in jobs:
+                        _submit(backend, self.outbox, job)
+                case AskStats(token):
+                    self.outbox.post(Stats(token, self._figures(backend)))
+
+    def _figures(self, backend: LocalBackend) -> dict[str, Any]:
+        """This worker's batch figures, queue, device and executor link, for the front end."""
+        figures = self.stats.batch_figures()
+        figures["queue_depth"] = backend.queue_depth
+        figures["device_busy"] = backend.device_busy()
+        figures["executor_link"] = LINK_TIMES.to_raw()  # None without executors
+        return figures
 
     def _end(self, why: str, orphaned: bool) -> None:
         """Leave the serving to the main thread's stop; or, still loading, exit now."""
@@ -224,13 +226,12 @@ def _always() -> bool:
     return True
 
 
-def main(conn: Connection, first: tuple[Any, ...]) -> int:
+def main(conn: Connection, first: WorkerStart) -> int:
     """``python -m workers.worker_main FD`` (workers/launch.py's ``serve_child``): FD is this
-    worker's end of the front end's pipe, whose first message is ``(config, index, device,
-    log_level, executor)`` (executor: the executors' ``ExecutorRoutes`` with ``--executors on``,
-    else None)."""
-    config, index, device, log_level, executor = first
-    return run_worker(config, index, device, conn, log_level, executor)
+    worker's end of the front end's pipe, whose first message is a ``WorkerStart`` (its
+    ``executor``: the executors' ``ExecutorRoutes`` with ``--executors on``, else None)."""
+    return run_worker(first.config, first.index, first.device, conn, first.log_level,
+                      first.executor)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,107 @@
+"""Messages from many threads, sent in bulk by one: the outbox of a worker process (its answers
+to the front end, workers/worker_main.py) and of a Redis worker (its replies and settled
+entries, broker/outbox.py).
+
+While a send is under way, the next items gather into the next bulk: a burst of answers costs
+one send, not one per answer, and no thread that answers ever waits on the way out (a full
+pipe, an unreachable broker). A thread that finds the sender idle may send its own bulk itself
+(``claim_idle`` ... ``release``), sparing the sending thread's wake-up on a lone request's way
+back.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class BulkSender(Generic[T]):
+    """Items put by any thread, sent in bulk by a thread of its own (see the module).
+
+    Args:
+        send: Sends one bulk, in the order put; returns False where the peer is gone, after
+            which nothing more is sent (items put later are dropped: nobody takes them).
+        name: The sending thread's name.
+    """
+
+    def __init__(self, send: Callable[[list[T]], bool], name: str) -> None:
+        self._send = send
+        self._items: list[T] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._gone = False
+        self._sending = False  # a bulk is on its way (by the sending thread, or a claimer)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        """Start the sending thread."""
+        self._thread.start()
+
+    def put(self, item: T) -> None:
+        """Queue one item (any thread; never waits on the send)."""
+        self.extend((item,))
+
+    def extend(self, items: Iterable[T]) -> None:
+        """Queue items, in order, for the next bulk."""
+        with self._cond:
+            if not self._gone:
+                self._items.extend(items)
+                self._cond.notify()
+
+    def claim_idle(self) -> bool:
+        """True, and the sender is this caller's until ``release``, where nothing is being sent,
+        nothing waits and it is not closed; else False (the caller queues its items instead)."""
+        with self._cond:
+            if self._sending or self._items or self._closed:
+                return False
+            self._sending = True
+            return True
+
+    def release(self, unsent: list[T]) -> None:
+        """End a claim; ``unsent``: what the claimer could not send, sent next, first."""
+        with self._cond:
+            self._sending = False
+            self._items[:0] = unsent
+            self._cond.notify()
+
+    @property
+    def backlog(self) -> int:
+        """Items waiting to be sent."""
+        with self._cond:
+            return len(self._items)
+
+    @property
+    def closed(self) -> bool:
+        """``close`` was called: what is queued goes, then the thread ends."""
+        return self._closed
+
+    def close(self, timeout: float) -> None:
+        """Send what is queued, then stop the thread (waiting at most ``timeout`` seconds)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: not self._sending and (
+                    bool(self._items) or self._closed))
+                bulk, self._items = self._items, []
+                if not bulk:
+                    return
+                self._sending = True
+            sent = False
+            try:
+                sent = self._send(bulk)
+            finally:
+                with self._cond:
+                    self._sending = False
+                    if not sent:  # the peer is gone (or the send raised): nobody to send to
+                        self._gone, self._items = True, []
+            if not sent:
+                return
