@@ -105,11 +105,16 @@ def test_every_job_is_answered_once_with_its_own_rows_outputs(tiny_model_dir: Pa
     assert figures["pieces_waiting"] == 0
 
 
-def test_a_worker_gone_mid_answer_stops_no_one_else(tiny_model_dir: Path) -> None:
-    engine = OnnxEngine(tiny_model_dir, device="cpu", intra_op_threads=1)
+def plain_executor(model_dir: Path) -> Executor:
+    """An executor over the tiny model on ONNX Runtime, its cost model unmeasured."""
+    engine = OnnxEngine(model_dir, device="cpu", intra_op_threads=1)
     policy = BatchPolicy(mode="auto", max_items=64, max_tokens=16 * 64, cost=CostModel(),
                          fill=True)
-    executor = Executor(engine, policy, per_token=True)
+    return Executor(engine, policy, per_token=True)
+
+
+def test_a_worker_gone_mid_answer_stops_no_one_else(tiny_model_dir: Path) -> None:
+    executor = plain_executor(tiny_model_dir)
     gone_end, gone_peer = Pipe()
     gone = Link(gone_peer)
     ours, theirs = Pipe()
@@ -128,10 +133,7 @@ def test_a_worker_gone_mid_answer_stops_no_one_else(tiny_model_dir: Path) -> Non
 
 
 def test_a_job_past_its_deadline_is_answered_so_and_never_runs(tiny_model_dir: Path) -> None:
-    engine = OnnxEngine(tiny_model_dir, device="cpu", intra_op_threads=1)
-    policy = BatchPolicy(mode="auto", max_items=64, max_tokens=16 * 64, cost=CostModel(),
-                         fill=True)
-    executor = Executor(engine, policy, per_token=True)
+    executor = plain_executor(tiny_model_dir)
     ours, theirs = Pipe()
     link = Link(theirs)
     group = split_by_length(batch_of([40] * 3, 64), (64,)).groups
