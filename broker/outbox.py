@@ -3,15 +3,13 @@ and deleted, for everything answered since the last send, in one round trip.
 
 A session answers its batch inside ``coalesced_sends()``: the batch's replies are held and, at
 the end of the block, sent by the session's own thread when nothing else is being sent and no
-work waits for the session (one try, within the client's timeouts; the outbox thread retries a
-failure, so an unreachable Redis never holds a session longer). That spares the
-wake-up of the outbox thread, about 0.1 ms on an idle machine, on the way back of a lone
-request. Under load, or outside such a block, the outbox thread sends."""
+work waits for the session (transport/bulk.py; one try, within the client's timeouts; the
+outbox thread retries a failure, so an unreachable Redis never holds a session longer). Under
+load, or outside such a block, the outbox thread sends."""
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +19,6 @@ import redis
 from broker.connect import BROKER_ERRORS, GROUP, Keys
 from broker.wire import FIELD
 from transport.bulk import BulkSender
-from transport.coalesce import holding
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +50,9 @@ class ReplyOutbox:
 
     def __init__(self, client: redis.Redis, keys: Keys, on_sent: Callable[[int], None],
                  idle: Callable[[], bool] = lambda: False) -> None:
-        self.client, self.keys, self.on_sent, self.idle = client, keys, on_sent, idle
-        self._bulk: BulkSender[Reply] = BulkSender(self._send_bulk, "broker-outbox")
-        self._held = threading.local()  # each session thread's replies of its batch
+        self.client, self.keys, self.on_sent = client, keys, on_sent
+        self._bulk: BulkSender[Reply] = BulkSender(self._send_bulk, "broker-outbox",
+                                                   self._send_inline, idle)
         self.lost = 0  # replies given up after SEND_TRIES
 
     def start(self) -> None:
@@ -63,31 +60,17 @@ class ReplyOutbox:
         self._bulk.start()
 
     def put(self, entry_id: bytes, reply_to: str | None, reply: bytes | None) -> None:
-        """Queue one reply (any thread; never waits on an unreachable Redis). ``reply_to``
-        None: only acknowledge and delete the entry (nobody to answer)."""
-        if holding(self):  # a session's batch: sent when its coalesced_sends() block ends
-            if getattr(self._held, "replies", None) is None:
-                self._held.replies = []
-            self._held.replies.append((entry_id, reply_to, reply))
-            return
+        """Queue one reply (any thread; never waits on an unreachable Redis; inside a session's
+        ``coalesced_sends()``, sent when the block ends). ``reply_to`` None: only acknowledge
+        and delete the entry (nobody to answer)."""
         self._bulk.put((entry_id, reply_to, reply))
 
-    def flush_held(self) -> None:
-        """Send the replies this thread held (``transport.coalesce.Holder``): at once on this
-        thread when the outbox is idle and no work waits, else through the outbox thread."""
-        bulk, self._held.replies = getattr(self._held, "replies", None) or [], None
-        if not bulk:
-            return
-        if not (self.idle() and self._bulk.claim_idle()):
-            self._bulk.extend(bulk)
-            return
-        sent = False
-        try:
-            sent = self._send_once(bulk) is None
-        finally:
-            self._bulk.release([] if sent else bulk)  # the outbox thread retries it, first
-        if sent:
-            self.on_sent(len(bulk))
+    def _send_inline(self, bulk: list[Reply]) -> bool:
+        """A session's one try at its batch's replies (else the outbox thread retries)."""
+        if self._send_once(bulk) is not None:
+            return False
+        self.on_sent(len(bulk))
+        return True
 
     def _send_bulk(self, bulk: list[Reply]) -> bool:
         """The outbox thread's send: tried until it goes or is given up."""

@@ -6,6 +6,7 @@ import threading
 
 from tests.helpers import wait_until
 from transport.bulk import BulkSender
+from transport.coalesce import coalesced_sends
 
 
 def test_what_is_put_during_a_send_goes_as_the_next_bulk() -> None:
@@ -55,3 +56,24 @@ def test_a_peer_gone_ends_the_sending_and_what_comes_later_is_dropped() -> None:
     wait_until(lambda: not sender._thread.is_alive())
     sender.put(2)
     assert sender.backlog == 0 and calls == [[1]]
+
+
+def test_a_session_s_held_batch_goes_on_its_own_thread_only_while_nothing_waits() -> None:
+    senders: list[tuple[str, list[int]]] = []
+
+    def send(bulk: list[int]) -> bool:
+        senders.append((threading.current_thread().name, bulk))
+        return True
+
+    waiting = [False]
+    sender: BulkSender[int] = BulkSender(send, "test-bulk", idle=lambda: not waiting[0])
+    sender.start()
+    with coalesced_sends():
+        sender.put(1)
+        sender.put(2)
+        assert senders == []  # held until the block ends
+    waiting[0] = True  # work waits for the sessions: the sending thread takes it
+    with coalesced_sends():
+        sender.put(3)
+    sender.close(5)
+    assert senders == [(threading.current_thread().name, [1, 2]), ("test-bulk", [3])]

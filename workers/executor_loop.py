@@ -13,7 +13,8 @@ failed: the device runs no row whose answer nobody takes.
 
 Two threads: the run loop (plan, pad, run) and the reply thread (cut each batch's outputs back
 into its pieces, and answer each job once its last piece has run), so that the device's next
-batch is planned and started while the last one's answers are cut and sent.
+batch is planned and started while the last one's answers are cut and sent. Where nothing
+waits, the loop answers itself: a lone job's answer wakes no other thread.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from queue import SimpleQueue
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -78,6 +79,7 @@ class JobState:
         self.device_s = 0.0
         self.last_start = self.arrived
         self.answered = False
+        self._lock = threading.Lock()  # answered once: the loop expires, the replies complete
 
     def add(self, group: int, first: int, outputs: dict[str, np.ndarray], device_s: float,
             started: float) -> bool:
@@ -88,10 +90,9 @@ class JobState:
         self.device_s += device_s
         self.last_start = max(self.last_start, started)
         self.left -= len(next(iter(outputs.values())))
-        if self.left > 0:
+        if self.left > 0 or not self._settle():
             return False
         joined = [_in_order(parts) for parts in self.parts]
-        self.answered = True
         self.link.send(Answer(self.job_id, joined, self.device_s, self.last_start - self.arrived,
                               time.monotonic() - self.last_start))
         return True
@@ -99,9 +100,16 @@ class JobState:
     def fail(self, code: str, message: str) -> None:
         """Answer the job with a typed error (its wire ``code``), unless it is answered
         already."""
-        if not self.answered:
-            self.answered = True
+        if self._settle():
             self.link.send(Failure(self.job_id, code, message))
+
+    def _settle(self) -> bool:
+        """True the first time only: this caller answers the job."""
+        with self._lock:
+            if self.answered:
+                return False
+            self.answered = True
+            return True
 
     def expire(self, now: float) -> bool:
         """Fail the job ``deadline_exceeded`` if its deadline passed before ``now``; True if
@@ -136,6 +144,16 @@ class Piece:
         return self.state.groups[self.group][name][self.first:self.first + self.rows]
 
 
+class Ran(NamedTuple):
+    """A batch run: its pieces, its outputs or the exception it raised, the device seconds it
+    cost and when it started."""
+
+    chosen: list[Piece]
+    outputs: Any
+    seconds: float
+    started: float
+
+
 def fill_step(chosen: list[Piece], window: list[Piece], policy: BatchPolicy) -> list[Piece]:
     """``chosen`` and, where the engine pads rows up to steps, rows of the pieces of ``window``
     left out (no longer than the batch, its own length first) up to the step the batch runs
@@ -168,7 +186,8 @@ class Executor:
         self._pieces: list[Piece] = []
         self._cond = threading.Condition()
         self._stopping = False
-        self._ran: SimpleQueue[tuple[list[Piece], Any, float, float] | None] = SimpleQueue()
+        self._ran: SimpleQueue[Ran | None] = SimpleQueue()
+        self._replying = threading.Lock()  # one thread cuts and answers a batch at a time
         self.counts = {"batches": 0, "rows": 0, "jobs": 0, "expired_jobs": 0,
                        "shared_batches": 0, "most_processes_in_a_batch": 0}
         self.engine_s = 0.0  # wall seconds in the engine's runs
@@ -225,9 +244,23 @@ class Executor:
                     if not self._pieces:
                         return
                     chosen = self._plan()
-                self._run(chosen)
+                self._hand_over(self._run(chosen))
         finally:
             self._ran.put(None)
+
+    def _hand_over(self, ran: Ran) -> None:
+        """Answer ``ran`` on this thread where nothing else waits (no piece to plan, no batch
+        being cut): a lone job's answer then wakes no reply thread. Else the reply thread
+        cuts and sends it while the next batch runs."""
+        with self._cond:
+            alone = not self._pieces and not self._stopping
+        if alone and self._ran.empty() and self._replying.acquire(blocking=False):
+            try:
+                self._reply(ran)
+            finally:
+                self._replying.release()
+            return
+        self._ran.put(ran)
 
     def _drop_unwanted(self) -> None:
         """Out of the queue: the pieces of jobs answered already (a batch holding some of their
@@ -247,8 +280,8 @@ class Executor:
         self._pieces = [piece for piece in self._pieces if id(piece) not in taken]
         return chosen
 
-    def _run(self, chosen: list[Piece]) -> None:
-        """One batch; its outputs (or the error) go to the reply thread."""
+    def _run(self, chosen: list[Piece]) -> Ran:
+        """One batch: its pieces, outputs (or the error), device seconds and start."""
         length = max(piece.length for piece in chosen)
         rows = sum(piece.rows for piece in chosen)
         started = time.monotonic()
@@ -259,8 +292,7 @@ class Executor:
             outputs: Any = self.engine.run(feeds)
         except Exception as exc:  # noqa: BLE001 - the batch's jobs fail, the loop goes on
             log.exception("a batch of %d rows failed", rows)
-            self._ran.put((chosen, exc, 0.0, started))
-            return
+            return Ran(chosen, exc, 0.0, started)
         wall = time.monotonic() - started
         seconds = batch_cost(self.engine, wall)
         if self.policy.cost is not None:
@@ -272,21 +304,27 @@ class Executor:
         counts["rows"] += rows
         counts["shared_batches"] += sources > 1
         counts["most_processes_in_a_batch"] = max(counts["most_processes_in_a_batch"], sources)
-        self._ran.put((chosen, outputs, seconds, started))
+        return Ran(chosen, outputs, seconds, started)
 
     def _replies(self) -> None:
-        """Cut each batch's outputs into its pieces; answer the jobs they complete."""
+        """The reply thread: each batch the loop hands over, cut and answered."""
         while (ran := self._ran.get()) is not None:
-            chosen, outputs, seconds, started = ran
-            if not isinstance(outputs, Exception):
-                try:
-                    self._answer(chosen, outputs, seconds, started)
-                    continue
-                except Exception as exc:  # noqa: BLE001 - outputs it cannot cut: they fail
-                    log.exception("cutting a batch's outputs failed")
-                    outputs = exc
-            for piece in chosen:  # answered already: no second answer
-                piece.state.fail("engine_error", f"{type(outputs).__name__}: {outputs}")
+            with self._replying:
+                self._reply(ran)
+
+    def _reply(self, ran: Ran) -> None:
+        """Cut a batch's outputs into its pieces; answer the jobs they complete (or fail its
+        jobs, where it failed)."""
+        chosen, outputs, seconds, started = ran
+        if not isinstance(outputs, Exception):
+            try:
+                self._answer(chosen, outputs, seconds, started)
+                return
+            except Exception as exc:  # noqa: BLE001 - outputs it cannot cut: they fail
+                log.exception("cutting a batch's outputs failed")
+                outputs = exc
+        for piece in chosen:  # answered already: no second answer
+            piece.state.fail("engine_error", f"{type(outputs).__name__}: {outputs}")
 
     def _answer(self, chosen: list[Piece], outputs: dict[str, np.ndarray], seconds: float,
                 started: float) -> None:

@@ -66,8 +66,10 @@ log = logging.getLogger("worker")
 class Outbox:
     """Answers (and the other messages) from every thread, sent back in bulk by one thread
     (transport/bulk.py): while a send is under way, the next answers gather into the next
-    ``Answers``. The thread that reads the pipe never writes to it, so neither side can block
-    the other's reading."""
+    ``Answers``. A session's batch of answers goes on the session's own thread where nothing
+    else is on its way and no work waits for a session (``serve``): no wake-up of the sending
+    thread for a lone request. The thread that reads the pipe never writes to it, so neither
+    side can block the other's reading."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -79,6 +81,10 @@ class Outbox:
         """Queue one answer (any thread; never blocks on the pipe)."""
         self._bulk.put(Answer(job_id, result, None, None) if error is None else
                        Answer(job_id, None, error.code, error.message))
+
+    def serve(self, backend: LocalBackend) -> None:
+        """Sessions may send their own answers while ``backend``'s queue is empty."""
+        self._bulk.idle = lambda: backend.queue_depth == 0
 
     def post(self, message: Ready | Failed | Stats) -> None:
         """Queue one other message, sent after the answers queued before it."""
@@ -135,6 +141,7 @@ def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
         outbox.close()
         return 1
     reader.serve(backend)
+    outbox.serve(backend)
     outbox.post(Ready(backend.describe()))
     reader.join()
     backend.stop(0.0 if reader.orphaned else config.shutdown_timeout_s)
