@@ -367,6 +367,9 @@ def server_flags(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Run everything and print the tables; returns the exit status (2: no model to measure)."""
     args = parse_args(argv)
+    if args.rounds < 1:
+        print("bench: --rounds takes 1 or more", file=sys.stderr)
+        return 2
     if args.quick:
         args.raw_pairs, args.server_requests = 8, 16
     try:

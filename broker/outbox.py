@@ -73,9 +73,15 @@ class ReplyOutbox:
         return True
 
     def _send_bulk(self, bulk: list[Reply]) -> bool:
-        """The outbox thread's send: tried until it goes or is given up."""
-        self._send(bulk)
-        self.on_sent(len(bulk))
+        """The outbox thread's send: tried until it goes or is given up (settled either way,
+        even where something unforeseen raised: the worker's count of entries held drains)."""
+        try:
+            self._send(bulk)
+        except Exception:
+            self.lost += len(bulk)
+            raise
+        finally:
+            self.on_sent(len(bulk))
         return True
 
     def _pipeline(self, bulk: list[Reply]) -> Any:

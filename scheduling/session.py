@@ -212,15 +212,13 @@ def _latest_deadline(items: Sequence[WorkItem]) -> float | None:
 
 
 def _fail_typed(items: Sequence[WorkItem], error: ServerError, session: str) -> None:
-    """Answer ``items`` with the engine's typed ``error``: a deadline with each one's own
-    words (and only at debug level in the log: under overload it is the rule)."""
-    expired = isinstance(error, DeadlineExceeded)
-    log.log(logging.DEBUG if expired else logging.WARNING, "%s: a batch of %d failed: %s: %s",
-            session, len(items), error.code, error.message)
-    now = time.monotonic()
+    """Answer ``items`` with the engine's typed ``error``, in its words (which say whether the
+    rows ran); a deadline only at debug level in the log: under overload it is the rule."""
+    level = logging.DEBUG if isinstance(error, DeadlineExceeded) else logging.WARNING
+    log.log(level, "%s: a batch of %d failed: %s: %s", session, len(items), error.code,
+            error.message)
     for item in items:
-        item.answer(None, item.deadline_error(now) if expired and item.deadline is not None
-                    else error)
+        item.answer(None, error)
 
 
 def time_shapes(engine: Engine, policy: BatchPolicy, lengths: Sequence[int],

@@ -15,6 +15,7 @@ machine) on a lone request's way back, and costs a busy session nothing.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
@@ -22,6 +23,8 @@ from typing import Generic, TypeVar
 from transport.coalesce import holding
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 class BulkSender(Generic[T]):
@@ -91,7 +94,7 @@ class BulkSender(Generic[T]):
         """True, and the sender is this caller's until ``release``, where nothing is being sent,
         nothing waits and it is not closed; else False (the caller queues its items instead)."""
         with self._cond:
-            if self._sending or self._items or self._closed:
+            if self._sending or self._items or self._closed or self._gone:
                 return False
             self._sending = True
             return True
@@ -131,13 +134,14 @@ class BulkSender(Generic[T]):
                 if not bulk:
                     return
                 self._sending = True
-            sent = False
             try:
                 sent = self._send(bulk)
-            finally:
-                with self._cond:
-                    self._sending = False
-                    if not sent:  # the peer is gone (or the send raised): nobody to send to
-                        self._gone, self._items = True, []
+            except Exception:  # noqa: BLE001 - that bulk is lost (said); the next ones go
+                log.exception("%s: sending %d items failed", self._thread.name, len(bulk))
+                sent = True
+            with self._cond:
+                self._sending = False
+                if not sent:  # the peer is gone: nobody to send to
+                    self._gone, self._items = True, []
             if not sent:
                 return

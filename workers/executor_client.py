@@ -29,7 +29,8 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from multiprocessing.connection import Client, Connection
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,7 @@ from engines.base import Engine
 from engines.model_dir import load_model_info
 from protocol.errors import DeadlineExceeded, Unavailable, WorkerLost, error_for_code
 from telemetry.stats import Timing
+from workers.executor_socket import connect, set_limit
 from workers.executor_wire import (
     FIXED_WIDTH_TASKS,
     Answer,
@@ -55,6 +57,10 @@ CONNECT_S = 30.0
 #: Seconds past a job's deadline that a session still waits for its executor's answer: an
 #: executor that is alive drops an expired job and answers by then.
 ANSWER_GRACE_S = 1.0
+#: Seconds a connection made for a job without a deadline may take (key exchange included).
+HANDSHAKE_S = 10.0
+#: Seconds an executor that let a job's deadline pass unanswered comes after the others.
+SUSPECT_S = 5.0
 
 
 #: This process's jobs in flight on each executor (by address), over all its sessions.
@@ -73,12 +79,14 @@ def _in_flight(address: str) -> Iterator[None]:
             _IN_FLIGHT[address] -= 1
 
 
-def _answered_in_time(conn: Connection, deadline: float | None) -> bool:
-    """Whether an answer waits on ``conn``, or comes before ``deadline`` and its grace (any
-    time where there is no deadline)."""
-    if deadline is None:
-        return True
-    return conn.poll(max(0.0, deadline + ANSWER_GRACE_S - time.monotonic()))
+#: Executors (by address) that let a job's deadline pass unanswered, and until when they
+#: come after the others (guarded by _IN_FLIGHT_LOCK).
+_SUSPECT: dict[str, float] = {}
+
+
+def _limit_s(deadline: float | None) -> float | None:
+    """How long a job's exchange may take from now: to its deadline and the grace."""
+    return None if deadline is None else deadline + ANSWER_GRACE_S - time.monotonic()
 
 
 class ExecutorLost(RuntimeError):
@@ -169,7 +177,6 @@ class ExecutorEngine(Engine):
         split = split_by_length(feeds, self.buckets)
         job = Job(job_id, split.groups, deadline)
         reply, round_trip_s = self._exchange(job)
-        assert reply.job_id == job_id, (reply.job_id, job_id)
         if isinstance(reply, Failure):
             raise error_for_code(reply.code, reply.message)
         assert isinstance(reply, Answer), type(reply).__name__
@@ -184,35 +191,50 @@ class ExecutorEngine(Engine):
         Raises:
             Unavailable: no executor can be reached now.
             WorkerLost: the executor's connection broke with the job.
-            DeadlineExceeded: no reply came by the job's deadline and ``ANSWER_GRACE_S`` (the
-                executor is stalled: it drops an expired job itself); the connection is
-                closed, so that its late reply cannot be taken for the next job's.
+            DeadlineExceeded: the job's deadline and ``ANSWER_GRACE_S`` passed in the
+                connect, the send or the wait for the reply (a stalled executor; one that
+                lives drops an expired job itself). The connection is closed, so that a late
+                reply cannot be taken for the next job's, and the executor comes after the
+                others for ``SUSPECT_S``.
         """
         tried: set[str] = set()
         while True:
-            try:
-                address, conn, opened = self._least_busy(tried)
-            except ExecutorLost as exc:
-                raise Unavailable(f"no executor can be reached now ({exc})") from exc
+            address, conn, opened = self._least_busy(tried, job.deadline)
             with _in_flight(address):
                 sent = time.monotonic()
                 try:
+                    set_limit(conn, _limit_s(job.deadline))
                     conn.send(job)
+                except BlockingIOError as exc:
+                    raise self._stalled(address) from exc
                 except OSError:  # it never reached that executor: on a connection kept
                     self._drop(address)  # from before, it may have been restarted since,
                     if opened:  # so once more on a new one; else the next executor
                         tried.add(address)
                     continue
                 try:
-                    if not _answered_in_time(conn, job.deadline):
-                        self._drop(address)
-                        raise DeadlineExceeded(f"the executor of {self._devices[address]} did "
-                                               "not answer by the deadline (stalled?)")
-                    return conn.recv(), time.monotonic() - sent
+                    reply = conn.recv()
+                except BlockingIOError as exc:
+                    raise self._stalled(address) from exc
                 except (EOFError, OSError) as exc:
                     self._drop(address)
                     raise WorkerLost(f"the executor of {self._devices[address]} was lost "
                                      f"with this batch ({type(exc).__name__})") from exc
+                if reply.job_id != job.job_id:  # never: a connection out of step is dropped
+                    self._drop(address)
+                    raise WorkerLost(f"the executor of {self._devices[address]} answered job "
+                                     f"{reply.job_id} for {job.job_id}")
+                return reply, time.monotonic() - sent
+
+    def _stalled(self, address: str) -> DeadlineExceeded:
+        """The executor at ``address`` let a job's deadline pass: its connection dropped, it
+        comes after the others for a while; the error to raise."""
+        self._drop(address)
+        with _IN_FLIGHT_LOCK:
+            _SUSPECT[address] = time.monotonic() + SUSPECT_S
+        return DeadlineExceeded(f"the executor of {self._devices[address]} did not answer by "
+                                f"the deadline and {ANSWER_GRACE_S:g} s more (stalled?); the "
+                                "rows may have run")
 
     def describe(self) -> str:
         """What the executors run, and that this process reaches them over sockets."""
@@ -227,48 +249,63 @@ class ExecutorEngine(Engine):
         for address in list(self._conns):
             self._drop(address)
 
-    def _least_busy(self, tried: set[str]) -> tuple[str, Connection, bool]:
+    def _least_busy(self, tried: set[str],
+                    deadline: float | None) -> tuple[str, Connection, bool]:
         """The executor with the fewest of this process's jobs in flight (the first listed on
-        a tie) that can be reached now, other than ``tried``, this session's connection to
-        it, and whether that connection was opened now.
+        a tie; one that stalled of late last) that can be reached now, other than ``tried``,
+        this session's connection to it, and whether that connection was opened now (by
+        ``deadline`` and the grace).
 
         Raises:
-            ExecutorLost: none can be reached.
+            Unavailable: none can be reached.
+            DeadlineExceeded: the deadline passed while connecting.
         """
+        now = time.monotonic()
         with _IN_FLIGHT_LOCK:
-            order = sorted(self._devices, key=lambda address: _IN_FLIGHT[address])  # stable
+            order = sorted(self._devices, key=lambda address: (  # stable
+                _SUSPECT.get(address, 0.0) > now, _IN_FLIGHT[address]))
         why = "its executor's connection broke"
         for address in (a for a in order if a not in tried):
             if address in self._conns:
                 return address, self._conns[address], False
-            try:
-                self._conns[address] = self._open(address, 0.0)  # restarted meanwhile?
+            limit = _limit_s(deadline)
+            if limit is not None and limit <= 0:
+                raise DeadlineExceeded("the deadline passed while connecting to the executors")
+            try:  # restarted meanwhile?
+                self._conns[address] = self._open(address, 0.0, limit or HANDSHAKE_S)
             except ExecutorLost as exc:
                 why = str(exc)
                 continue
             return address, self._conns[address], True
-        raise ExecutorLost(why)
+        if deadline is not None and time.monotonic() >= deadline:  # it took that long
+            raise DeadlineExceeded(f"the deadline passed while connecting ({why})")
+        raise Unavailable(f"no executor can be reached now ({why})")
 
-    def _open(self, address: str, within_s: float) -> Connection:
+    def _open(self, address: str, within_s: float,
+              limit_s: float = HANDSHAKE_S) -> Connection:
         """A connection to the executor at ``address``, told which process this is (it
-        answers what it runs).
+        answers what it runs): tried for ``within_s`` seconds (once at least), each try and
+        the hello within ``limit_s``.
 
         Raises:
             ExecutorLost: no connection in time, or it closed at once.
         """
         device = self._devices[address]
-        conn = self._connect(address, device, within_s)
+        conn = self._connect(address, device, within_s, limit_s)
         try:
             conn.send(Hello(os.getpid()))
             described: Described = conn.recv()
         except (EOFError, OSError) as exc:
             conn.close()
-            raise ExecutorLost(f"the executor of {device} closed the connection") from exc
+            raise ExecutorLost(f"the executor of {device} closed the connection, or did "
+                               f"not answer ({type(exc).__name__})") from exc
         self.described, self.precision = described.description, described.precision
         return conn
 
-    def _connect(self, address: str, device: str, within_s: float) -> Connection:
-        """A connection to the executor, trying for ``within_s`` seconds (once at least).
+    def _connect(self, address: str, device: str, within_s: float,
+                 limit_s: float) -> Connection:
+        """A connection to the executor, trying for ``within_s`` seconds (once at least),
+        each try within ``limit_s``.
 
         Raises:
             ExecutorLost: none could be made in time.
@@ -276,8 +313,8 @@ class ExecutorEngine(Engine):
         deadline = time.monotonic() + within_s
         while True:
             try:
-                return Client(address, family="AF_UNIX", authkey=self.routes.authkey)
-            except (OSError, EOFError) as exc:
+                return connect(address, self.routes.authkey, limit_s)
+            except (OSError, EOFError, AuthenticationError) as exc:
                 if time.monotonic() >= deadline:
                     raise ExecutorLost(f"cannot reach the executor of {device} "
                                        f"({type(exc).__name__}: {exc})") from exc

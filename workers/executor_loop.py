@@ -59,6 +59,11 @@ class Link:
             except OSError:
                 pass
 
+    @property
+    def closed(self) -> bool:
+        """Its worker is gone: nobody takes an answer sent on it."""
+        return self._closed
+
     def close(self) -> None:
         """Close the connection, never in the middle of a send (which a close beneath it
         would break with an error other than OSError)."""
@@ -111,14 +116,18 @@ class JobState:
             self.answered = True
             return True
 
-    def expire(self, now: float) -> bool:
-        """Fail the job ``deadline_exceeded`` if its deadline passed before ``now``; True if
-        it did so now."""
-        if self.answered or self.deadline is None or now <= self.deadline:
-            return False
-        self.fail("deadline_exceeded", f"its deadline passed {now - self.deadline:.3f} s "
-                  "before all its rows ran on the device")
-        return True
+    def expire(self, now: float) -> Failure | None:
+        """The job's ``deadline_exceeded`` answer, for the caller to send, if its deadline
+        passed before ``now`` and it is not answered yet (it is answered from now on)."""
+        if self.answered or self.deadline is None or now <= self.deadline \
+                or not self._settle():
+            return None
+        return Failure(self.job_id, "deadline_exceeded", f"its deadline passed "
+                       f"{now - self.deadline:.3f} s before all its rows ran on the device")
+
+    def abandon(self) -> None:
+        """Its worker is gone: answered from now on, with nothing sent."""
+        self._settle()
 
 
 @dataclass(eq=False)
@@ -235,7 +244,10 @@ class Executor:
         try:
             while True:
                 with self._cond:
-                    self._drop_unwanted()
+                    expired = self._drop_unwanted()
+                for state, failure in expired:  # sent with the queue open to connections
+                    state.link.send(failure)
+                with self._cond:
                     if not self._pieces and not self._stopping:
                         waited = time.monotonic()
                         self._cond.wait_for(lambda: bool(self._pieces) or self._stopping)
@@ -262,15 +274,21 @@ class Executor:
             return
         self._ran.put(ran)
 
-    def _drop_unwanted(self) -> None:
+    def _drop_unwanted(self) -> list[tuple[JobState, Failure]]:
         """Out of the queue: the pieces of jobs answered already (a batch holding some of their
-        rows failed) and of jobs whose deadline has passed (answered ``deadline_exceeded``
-        now), so that the device runs no row whose answer nobody takes."""
-        now = time.monotonic()
+        rows failed), of jobs whose worker is gone, and of jobs whose deadline has passed
+        (returned with their ``deadline_exceeded`` answers, to send), so that the device runs
+        no row whose answer nobody takes."""
+        now, expired = time.monotonic(), []
         for piece in self._pieces:
-            if piece.state.expire(now):
-                self.counts["expired_jobs"] += 1
+            state = piece.state
+            if state.link.closed:
+                state.abandon()
+            elif (failure := state.expire(now)) is not None:
+                expired.append((state, failure))
+        self.counts["expired_jobs"] += len(expired)
         self._pieces = [piece for piece in self._pieces if not piece.state.answered]
+        return expired
 
     def _plan(self) -> list[Piece]:
         """The next batch's pieces, out of the queue (a split piece's rest stays in it)."""

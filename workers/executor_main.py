@@ -33,16 +33,25 @@ from scheduling.planner import BatchPolicy
 from scheduling.session import dummy_feeds, time_shapes
 from settings.server_config import ServerConfig
 from workers.executor_loop import Executor, Link
+from workers.executor_socket import accept_key
 from workers.executor_wire import FIXED_WIDTH_TASKS, Described, Hello, Job
 from workers.launch import serve_child
 from workers.local import default_engine_factory
 from workers.pipe_items import AskStats, ExecutorStart, Failed, Ready, Stats
 
 log = logging.getLogger("executor")
+#: Connections waiting to be accepted: every session of every worker may connect at once.
+BACKLOG = 128
+#: Seconds a connection's key exchange may take.
+HANDSHAKE_S = 10.0
 
 
-def serve_connection(conn: Connection, executor: Executor) -> None:
-    """Read one worker session's messages until it closes: a ``Hello``, then ``Job``s."""
+def serve_connection(conn: Connection, executor: Executor, authkey: bytes) -> None:
+    """Check the worker session's key, then read its messages until it closes: a ``Hello``,
+    then ``Job``s."""
+    if not accept_key(conn, authkey, HANDSHAKE_S):
+        log.warning("a connection failed its key exchange (or left during it): closed")
+        return
     link, engine = Link(conn), executor.engine
     while True:
         try:
@@ -62,17 +71,16 @@ def serve_connection(conn: Connection, executor: Executor) -> None:
             return
 
 
-def accept_forever(listener: Listener, executor: Executor) -> None:
-    """One thread per connection, until the listener closes."""
+def accept_forever(listener: Listener, executor: Executor, authkey: bytes) -> None:
+    """One thread per connection, its key checked there (a connection that fails or leaves
+    during the exchange ends alone, and a slow one holds up nobody), until the listener
+    closes."""
     while True:
         try:
             conn = listener.accept()
-        except (OSError, EOFError):
+        except OSError:  # closed
             return
-        except Exception:  # noqa: BLE001 - a bad handshake (wrong key) ends that one only
-            log.warning("a connection failed its handshake", exc_info=True)
-            continue
-        threading.Thread(target=serve_connection, args=(conn, executor), daemon=True,
+        threading.Thread(target=serve_connection, args=(conn, executor, authkey), daemon=True,
                          name="connection").start()
 
 
@@ -94,13 +102,13 @@ def run_executor(config: ServerConfig, device: str, address: str, authkey: bytes
         time_shapes(engine, policy, capture_lengths(config.bucket_lengths(), info.max_seq_len))
         if os.path.exists(address):
             os.unlink(address)  # a killed executor's socket file
-        listener = Listener(address, family="AF_UNIX", authkey=authkey)
+        listener = Listener(address, family="AF_UNIX", backlog=BACKLOG)  # keys: per connection
     except Exception as exc:  # noqa: BLE001 - reported to the front end
         log.error("cannot start: %s: %s", type(exc).__name__, exc)
         control.send(Failed(f"{type(exc).__name__}: {exc}"))
         return 1
     executor = Executor(engine, policy, per_token=info.task not in FIXED_WIDTH_TASKS)
-    threading.Thread(target=accept_forever, args=(listener, executor), daemon=True,
+    threading.Thread(target=accept_forever, args=(listener, executor, authkey), daemon=True,
                      name="accept").start()
     control.send(Ready(engine.describe()))
     log.info("serving %s for every worker at %s", engine.describe(), address)
