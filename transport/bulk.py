@@ -103,7 +103,8 @@ class BulkSender(Generic[T]):
         """End a claim; ``unsent``: what the claimer could not send, sent next, first."""
         with self._cond:
             self._sending = False
-            self._items[:0] = unsent
+            if not self._gone:
+                self._items[:0] = unsent
             self._cond.notify()
 
     @property

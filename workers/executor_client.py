@@ -200,10 +200,13 @@ class ExecutorEngine(Engine):
         tried: set[str] = set()
         while True:
             address, conn, opened = self._least_busy(tried, job.deadline)
+            limit = _limit_s(job.deadline)
+            if limit is not None and limit <= 0:  # no fault of the executor's
+                raise DeadlineExceeded("the deadline passed before the job went to the device")
             with _in_flight(address):
                 sent = time.monotonic()
                 try:
-                    set_limit(conn, _limit_s(job.deadline))
+                    set_limit(conn, limit)
                     conn.send(job)
                 except BlockingIOError as exc:
                     raise self._stalled(address) from exc
