@@ -30,21 +30,10 @@ from scheduling.waits import StartCancelled, backoff_s, wait_until_set
 from settings.server_config import ServerConfig
 from telemetry.stats import ServerStats
 from transport.coalesce import coalesced_sends
+from workers import pipe_items as pipe
 from workers.executors import ExecutorSet
 from workers.handle import WorkerHandle
 from workers.launch import exit_words, spawn, wait_exit
-from workers.pipe_items import (
-    Answer,
-    Answers,
-    AskStats,
-    Failed,
-    Job,
-    Jobs,
-    Ready,
-    Stats,
-    Stop,
-    WorkerStart,
-)
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +124,7 @@ class ProcessBackend:
         process, and not multiprocessing's spawn, which would re-run the user's main module.
         """
         executor = self.executors.routes_for(handle.device) if self.executors else None
-        process, ours = spawn("workers.worker_main", WorkerStart(
+        process, ours = spawn("workers.worker_main", pipe.WorkerStart(
             self.config, handle.index, handle.device, self.log_level, executor))
         with self._cond:
             if self._stopping:  # stop() ran while this process started: it would be orphaned
@@ -210,13 +199,13 @@ class ProcessBackend:
             items = self.queue.take_upto(room, block=False) if room else []
             shares = self._assign(items) if items else {}
         for handle, jobs in shares.items():
-            handle.send(Jobs(jobs))  # a worker that died meanwhile: its pipe thread answers
+            handle.send(pipe.Jobs(jobs))  # a worker that died meanwhile: its pipe thread answers
         return bool(items)
 
-    def _assign(self, items: list[WorkItem]) -> dict[WorkerHandle, list[Job]]:
+    def _assign(self, items: list[WorkItem]) -> dict[WorkerHandle, list[pipe.Job]]:
         """Give each item to the serving worker holding fewest (``_cond`` held); return each
         worker's share, to be sent once the lock is released."""
-        shares: dict[WorkerHandle, list[Job]] = {}
+        shares: dict[WorkerHandle, list[pipe.Job]] = {}
         open_handles = [h for h in self.handles if h.state == "serving"]
         for item in items:
             if not item.alive():  # its client left while it waited
@@ -228,7 +217,7 @@ class ProcessBackend:
             job_id = next(self._ids)
             handle.jobs[job_id] = item
             shares.setdefault(handle, []).append(
-                Job(job_id, item.features, item.enqueued_at, item.deadline))
+                pipe.Job(job_id, item.features, item.enqueued_at, item.deadline))
         return shares
 
     # -- a worker's pipe -----------------------------------------------------------------------
@@ -237,13 +226,13 @@ class ProcessBackend:
         try:
             while True:
                 match conn.recv():
-                    case Answers(answers):
+                    case pipe.Answers(answers):
                         self._answered(handle, answers)
-                    case Ready(describe):
+                    case pipe.Ready(describe):
                         self._on_ready(handle, process, describe)
-                    case Stats(token, figures):
+                    case pipe.Stats(token, figures):
                         handle.on_figures(token, figures)
-                    case Failed(message):
+                    case pipe.Failed(message):
                         handle.load_error = message
         except (EOFError, OSError):
             pass
@@ -262,7 +251,7 @@ class ProcessBackend:
         log.info("model %s: worker %d (pid %d) serving on %s", self.model, handle.index,
                  process.pid, handle.describe.get("engine", {}).get("device", handle.device))
 
-    def _answered(self, handle: WorkerHandle, answers: list[Answer]) -> None:
+    def _answered(self, handle: WorkerHandle, answers: list[pipe.Answer]) -> None:
         with self._cond:
             done = [(handle.jobs.pop(job_id, None), result, code, message)
                     for job_id, result, code, message in answers]
@@ -341,7 +330,7 @@ class ProcessBackend:
         for handle in self.handles:
             if handle.state == "serving":
                 handle.expect(token)
-                handle.send(AskStats(token))
+                handle.send(pipe.AskStats(token))
         until = time.monotonic() + timeout
         return [handle.figures(token, until) for handle in self.handles]
 
@@ -392,7 +381,7 @@ class ProcessBackend:
     def _stop_workers(self, until: float) -> None:
         """Tell every worker to stop, wait for each (at least a few seconds), kill stragglers."""
         for handle in self.handles:
-            handle.send(Stop())
+            handle.send(pipe.Stop())
         for handle in self.handles:
             if handle.process is not None:
                 wait_exit(handle.process, max(5.0, until - time.monotonic()))
