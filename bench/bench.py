@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -40,6 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.figures import median_rows  # noqa: E402
 from bench.loadgen import Item  # noqa: E402
 from bench.mix import TASKS, load_mix  # noqa: E402
 from bench.raw import raw_ceiling, raw_parallel, raw_row  # noqa: E402
@@ -136,8 +136,8 @@ def server_runs(kind: str, targets: list[Target], mixes: dict[str, list[Item]],
     commits then run side by side. All servers start first (an idle one costs nothing); at each
     level every (model, mode) runs ``rounds`` times, in an order that reverses from one pass to
     the next, so that drift on a shared machine favours none; each figure is the median of its
-    rounds (:func:`median_rows`). ``best``: the best raw figure per (model, engine), to print
-    each figure against."""
+    rounds (``bench.figures.median_rows``). ``best``: the best raw figure per (model, engine),
+    to print each figure against."""
     servers: dict[tuple[str, str], tuple[Any, int]] = {}
     runs = [(target, mode) for target in targets for mode in modes]
     rows = []
@@ -164,25 +164,6 @@ def _mode_flags(mode: str) -> tuple[list[str], Path]:
     batching, _, flags = mode.partition(":")
     batching, _, root = batching.partition("@")
     return ["--batching", batching, *flags.split()], Path(root).resolve() if root else ROOT
-
-
-def median_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (model, engine, mode, concurrency): its rounds' medians of requests/s, p50
-    and p99 (the other figures are the median-throughput round's), each round's requests/s
-    in ``rounds_rps``."""
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for row in rows:
-        key = (row["model"], row["engine"], row["batching"], row["concurrency"])
-        groups.setdefault(key, []).append(row)
-    out = []
-    for group in groups.values():
-        ranked = sorted(group, key=lambda r: r["throughput_rps"])
-        row = dict(ranked[(len(ranked) - 1) // 2])
-        for figure in ("throughput_rps", "p50_ms", "p99_ms"):
-            row[figure] = statistics.median(r[figure] for r in group)
-        row["rounds_rps"] = [r["throughput_rps"] for r in group]
-        out.append(row)
-    return out
 
 
 def _one_level(kind: str, target: Target, mode: str, port: int, clients: int,

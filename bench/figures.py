@@ -1,13 +1,15 @@
-"""Figures for the load generator: the server's breakdown over a run, percentiles, summaries.
+"""Figures for the load generator: the server's breakdown over a run, percentiles, summaries,
+and a run's rounds taken to their medians.
 
-Pure functions over plain data (no sockets, no processes), shared by bench/loadrun.py and
-bench/runs.py.
+Pure functions over plain data (no sockets, no processes), shared by bench/loadrun.py,
+bench/runs.py and bench/bench.py.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import statistics
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -179,3 +181,22 @@ def executor_breakdown(before: dict[str, Any] | None, after: dict[str, Any] | No
             "executor_rows_per_batch": round(sums["rows"] / batches, 2),
             "executor_jobs_per_batch": round(sums["jobs"] / batches, 2),
             "executor_shared_share": round(sums["shared_batches"] / batches, 3)}
+
+
+def median_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (model, engine, mode, concurrency): its rounds' medians of requests/s, p50
+    and p99 (the other figures are the median-throughput round's), each round's requests/s
+    in ``rounds_rps``."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        key = (row["model"], row["engine"], row["batching"], row["concurrency"])
+        groups.setdefault(key, []).append(row)
+    out = []
+    for group in groups.values():
+        ranked = sorted(group, key=lambda r: r["throughput_rps"])
+        row = dict(ranked[(len(ranked) - 1) // 2])
+        for figure in ("throughput_rps", "p50_ms", "p99_ms"):
+            row[figure] = statistics.median(r[figure] for r in group)
+        row["rounds_rps"] = [r["throughput_rps"] for r in group]
+        out.append(row)
+    return out
