@@ -49,14 +49,22 @@ return ids
 
 @dataclass(frozen=True)
 class Keys:
-    """The Redis keys of one deployment, all under one prefix (``--broker_prefix``)."""
+    """The Redis keys of one deployment, all under one prefix (``--broker_prefix``), for one
+    of its models (its name in the repository): each model has its own work stream."""
 
     prefix: str = "qa"
+    model: str = "qa"
 
     @property
     def work(self) -> str:
-        """The stream of work entries, read by the workers' consumer group."""
-        return f"{self.prefix}:work"
+        """The model's stream of work entries, read by its workers' consumer group."""
+        return f"{self.prefix}:work:{self.model}"
+
+    @property
+    def expected(self) -> str:
+        """The model fingerprint the front ends serve under this name (they renew it; a
+        worker whose model differs does not start)."""
+        return f"{self.prefix}:model:{self.model}"
 
     def replies(self, front_end: str) -> str:
         """The stream one front end reads its replies from."""

@@ -1,12 +1,15 @@
-"""``--broker redis://...``: a front end whose work goes to Redis, for workers anywhere.
+"""``--broker redis://...``: a model's front end whose work goes to Redis, for workers anywhere.
 
-The front end frames, validates and tokenizes requests as the in-process server does, then
-puts one entry per request on the work stream (broker/wire.py): the requests of one read of a
-connection go in one round trip, through a script that adds them only while the stream holds
-fewer than ``--max_queue`` entries (beyond it, ``overloaded`` at once). Workers (broker/
-worker.py) read the stream in one consumer group, batch, run the engine and put each request's
-logits on this front end's own reply stream. One thread reads that stream, turns logits into
-answers and replies to clients; a request is answered once, whatever comes back twice.
+One ``RedisBackend`` serves one model of the repository (dispatch/models.py routes requests to
+it as to any backend). It frames, validates and tokenizes requests as the in-process server
+does, collates each alone into its engine inputs, then puts one entry per request on the
+model's work stream (broker/wire.py): the requests of one read of a connection go in one round
+trip, through a script that adds them only while the stream holds fewer than ``--max_queue``
+entries (beyond it, ``overloaded`` at once). Workers of that model (broker/worker.py) read the
+stream in one consumer group, batch, run the engine and put each request's engine outputs on
+this front end's own reply stream. One thread reads that stream, turns outputs into answers
+with the model's task and replies to clients; a request is answered once, whatever comes back
+twice. A request while no live worker holds the model is answered ``unavailable`` at once.
 
 Redis unreachable: requests are refused with ``unavailable`` at once, the requests in flight
 are answered ``unavailable`` (they may have run; safe to resend), ``ready`` is false, ``ping``
@@ -37,7 +40,7 @@ from broker.connect import (
 from broker.in_flight import GivenUp, InFlight
 from broker.monitor import BrokerMonitor
 from broker.urls import redact
-from broker.wire import FIELD, Reply, decode_reply, encode_work, require_qa
+from broker.wire import FIELD, Reply, decode_reply, encode_work
 from engines.model_dir import ModelInfo, model_fingerprint
 from protocol.errors import (
     DeadlineExceeded,
@@ -48,13 +51,12 @@ from protocol.errors import (
     Unavailable,
     error_for_code,
 )
-from protocol.messages import QARequest
 from scheduling.deadlines import ExpiryClock
 from scheduling.queue import Responder, WorkItem
 from scheduling.waits import backoff_s, raise_if_cancelled
 from settings.server_config import ServerConfig
-from tasks.base import answer_of
-from tasks.qa import QATask
+from tasks import load_task
+from tasks.base import Task, answer_of
 from telemetry.stats import ServerStats, Timing
 from transport.coalesce import coalesced_sends
 
@@ -70,22 +72,25 @@ class RedisBackend:
     """The front end of a brokered deployment (workers/backend.py: Backend).
 
     Args:
-        config: Serving settings (``broker``, ``broker_prefix``, ``max_queue``, windowing).
-        info: The prepared model's metadata (the front end needs its tokenizer only).
-        stats: This front end's statistics.
+        config: Serving settings (``broker``, ``broker_prefix``, ``max_queue``, the task's),
+            ``model_dir`` this model's folder.
+        info: The prepared model's metadata (the front end loads its task, not its engine).
+        stats: This model's statistics at this front end.
+        name: The model's name in the repository: its work stream's, and its workers'.
     """
 
-    def __init__(self, config: ServerConfig, info: ModelInfo, stats: ServerStats) -> None:
+    def __init__(self, config: ServerConfig, info: ModelInfo, stats: ServerStats,
+                 name: str) -> None:
         assert config.broker is not None
         self.config, self.info, self.stats = config, info, stats
         self.url = config.broker
-        self.keys = Keys(config.broker_prefix)
+        self.keys = Keys(config.broker_prefix, name)
         self.name = uuid.uuid4().hex[:12]
         self.reply_key = self.keys.replies(self.name)
         self.client = connect(self.url)
         self._reader = connect(self.url, block_s=BLOCK_S)
         self._admit = self.client.register_script(ADMIT_SCRIPT)
-        self.task: QATask | None = None
+        self.task: Task | None = None
         self._numbers = itertools.count()
         self._lock = threading.Condition()
         self._in_flight: dict[int, InFlight] = {}
@@ -115,8 +120,7 @@ class RedisBackend:
             RuntimeError: Redis refused us (wrong password, not a Redis, no such database).
             StartCancelled: ``cancel`` was set while the tokenizer loaded.
         """
-        require_qa(self.info)
-        self.task = QATask.from_model(self.config.model_dir, self.info, self.config)
+        self.task = load_task(self.config.model_dir, self.info, self.config)
         raise_if_cancelled(cancel)
         first_connect(self._connect, self.url, "not ready until it is")
         self.monitor.start()
@@ -129,14 +133,15 @@ class RedisBackend:
         pipe = self.client.pipeline(transaction=False)
         pipe.xadd(self.reply_key, {FIELD: b""}, maxlen=1)  # creates it; workers never do
         pipe.pexpire(self.reply_key, REPLY_TTL_MS)
-        pipe.execute()
+        pipe.set(self.keys.expected, self.monitor.model or "", px=REPLY_TTL_MS)  # the monitor
+        pipe.execute()  # renews it: workers of another model under this name do not start
         self._up = True
         self.monitor.look()
         log.info("broker %s: work on %s, replies on %s", redact(self.url), self.keys.work,
                  self.reply_key)
 
     # -- the way in ----------------------------------------------------------------------------
-    def submit(self, request: QARequest, respond: Responder, alive: Callable[[], bool],
+    def submit(self, request: Any, respond: Responder, alive: Callable[[], bool],
                enqueued_at: float, deadline: float | None) -> None:
         """Tokenize one request and stage it; ``flush`` sends what a read staged.
 
@@ -150,15 +155,17 @@ class RedisBackend:
         if not self._up:
             raise Unavailable("the broker cannot be reached; retry once the server is ready")
         if not self.monitor.serving_workers:
-            raise Unavailable("no worker is serving; retry once the server is ready")
+            raise Unavailable(f"no live worker holds model {self.keys.model!r}; retry once "
+                              "one serves it (workers: --role worker --models ...)")
         task = self.task
         features = task.features(request)
-        length = task.padded_length(features.max_len)
+        feeds = task.collate([features])
+        length = next(iter(feeds.values())).shape[-1]
         item = WorkItem(features=features, respond=respond, alive=alive, rows=features.rows,
                         length=length, enqueued_at=enqueued_at, deadline=deadline)
         number = next(self._numbers)
-        payload = encode_work(self.reply_key, number, features, task.tokenizer.pad_id, length,
-                              enqueued_at, deadline, self.monitor.model)
+        payload = encode_work(self.reply_key, number, feeds, enqueued_at, deadline,
+                              self.monitor.model)
         if not hasattr(self._staged, "items"):
             self._staged.items = []
         self._staged.items.append((InFlight(number, item), payload))
@@ -272,7 +279,8 @@ class RedisBackend:
             return
         assert self.task is not None
         try:
-            outputs = reply.logits(item.features.rows)
+            outputs = self.task.split_outputs([item.features],
+                                              reply.outputs(item.features.rows))[0]
         except Exception as exc:  # noqa: BLE001 - one bad reply fails alone
             log.exception("a worker's reply does not fit its request")
             item.answer(None, InternalError(f"a worker's reply does not fit: {type(exc).__name__}"))

@@ -38,7 +38,8 @@ class BrokerMonitor(threading.Thread):
         on_lost: Called with the reason when Redis cannot be reached, or the reply stream is
             gone (the front end then answers what is in flight and makes it again).
         is_up: Whether the front end believes Redis reachable (no look is made otherwise).
-        model: The front end's model fingerprint: workers of another are not counted.
+        model: The front end's model fingerprint: workers of another are not counted. It is
+            renewed at ``keys.expected`` at each look, with the reply stream's expiry.
     """
 
     def __init__(self, client: redis.Redis, keys: Keys, reply_key: str, reply_ttl_ms: int,
@@ -73,10 +74,11 @@ class BrokerMonitor(threading.Thread):
         try:
             pipe = self.client.pipeline(transaction=False)
             pipe.pexpire(self.reply_key, self.reply_ttl_ms)
+            pipe.set(self.keys.expected, self.model or "", px=self.reply_ttl_ms)
             pipe.xlen(self.keys.work)
             pipe.xpending(self.keys.work, GROUP)
             pipe.smembers(self.keys.workers)
-            renewed, length, pending, names = pipe.execute(raise_on_error=False)
+            renewed, _, length, pending, names = pipe.execute(raise_on_error=False)
             names = sorted(n.decode() for n in names) if isinstance(names, set) else []
             beats = self.client.mget([self.keys.heartbeat(n) for n in names]) if names else []
         except BROKER_ERRORS as exc:
@@ -91,7 +93,8 @@ class BrokerMonitor(threading.Thread):
             self._forget(gone)
         self.stream_length = length if isinstance(length, int) else 0
         self.pending = pending.get("pending", 0) if isinstance(pending, dict) else 0
-        self.workers = [_parse(beat) for beat in beats if beat is not None]
+        self.workers = [w for beat in beats if beat is not None
+                        and (w := _parse(beat)).get("model_name") == self.keys.model]
         self._remember_figures()
 
     def _remember_figures(self) -> None:
@@ -119,7 +122,8 @@ class BrokerMonitor(threading.Thread):
 
     @property
     def serving_workers(self) -> int:
-        """Workers of this front end's model whose last heartbeat said they take work."""
+        """Workers holding this front end's model (by name and fingerprint) whose last
+        heartbeat said they take work."""
         return sum(1 for w in self.workers if w.get("state") == "serving" and self._ours(w))
 
     def _ours(self, worker: dict[str, Any]) -> bool:

@@ -1,10 +1,8 @@
 """``--broker`` settings without Redis: the URL's check and its redacted form, for settings,
-stats and logs, and the one-model rule of a front end and a worker (this module imports no
-redis, so a server without a broker never loads it)."""
+stats and logs (this module imports no redis, so a server without a broker never loads it)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
@@ -41,18 +39,3 @@ def config_problems(config: ServerConfig) -> list[str]:
         return []
     problem = check_url(config.broker)
     return [problem] if problem else []
-
-
-def require_one(model_dir: str, names: list[str]) -> None:
-    """A front end or worker serves one model, whose name it need not carry (until a later
-    change routes a repository's models through Redis).
-
-    Raises:
-        ValueError: ``names``, the models ``model_dir`` holds, are several; it names the folder
-            to give instead (its qa model's, where it has one).
-    """
-    if len(names) > 1:
-        pick = "qa" if "qa" in names else names[0]
-        raise ValueError(f"--broker serves one qa model; --model_dir holds {len(names)} "
-                         f"({', '.join(names)}): name one, e.g. --model_dir "
-                         f"{Path(model_dir) / pick}")

@@ -1,16 +1,24 @@
-"""What travels through Redis: one work entry per request, one reply entry per answer.
+"""What travels through Redis: one work entry per request, one reply entry per answer, for a
+model of any task.
 
-A work entry (field ``m`` of an entry of the work stream) is a msgpack map:
+A front end does all of a task's work (tokenizing, choosing the answer); a worker runs engine
+rows. So an entry carries what an executor's job carries (workers/executor_wire.py): the
+request's engine inputs by input name, and the reply its engine outputs by output name.
+
+A work entry (field ``m`` of an entry of a model's work stream) is a msgpack map:
 
     r  the front end's reply stream            i  the request's number at that front end
     t  admitted at, Unix seconds               d  deadline, Unix seconds (absent: none)
-    p  padding id   n  padded length           l  real tokens per row
-    ids  int32 token ids, rows x max_len       tt  uint8 segment ids, same shape
+    f  the request's engine inputs: {name: array}, rows x padded length
     m  the front end's model fingerprint (engines.model_dir.model_fingerprint; absent: none)
 
-A reply entry (field ``m`` of the front end's reply stream) is ``{"i": number, "s": start
-logits, "e": end logits}`` (float32, rows x max_len) or ``{"i": number, "c": error code,
-"x": message}``, either with ``"w"``: seconds the worker held the request.
+A reply entry (field ``m`` of the front end's reply stream) is ``{"i": number, "o": {name:
+array}}`` (the request's rows of each engine output) or ``{"i": number, "c": error code, "x":
+message}``, either with ``"w"``: seconds the worker held the request.
+
+An array is ``[dtype, wire dtype, shape, bytes]``: integers travel in the narrowest integer
+type that holds their values (token ids in 2 bytes, masks in 1) and are widened back on
+arrival, so the engine sees the dtype the task made.
 
 Times are wall-clock seconds because front ends and workers may be on different machines
 (their clocks are assumed to agree to within a small part of a deadline, as NTP keeps them);
@@ -20,18 +28,35 @@ each side turns them into its own ``time.monotonic()`` at once.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import numpy as np
 
-from engines.model_dir import ModelInfo
-from tasks.qa import QATask
-from tasks.rows import EngineRows, TokenRows
-
 #: The one field of every entry.
 FIELD = b"m"
+#: Integer types an integer array may travel in, narrowest first.
+NARROW = (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32)
+
+
+@dataclass(frozen=True, slots=True)
+class Feeds:
+    """One request's engine inputs, as a worker's queue and batch planner see them."""
+
+    arrays: dict[str, np.ndarray]
+
+    @property
+    def rows(self) -> int:
+        """Engine rows (QA windows, texts)."""
+        return int(next(iter(self.arrays.values())).shape[0])
+
+    @property
+    def max_len(self) -> int:
+        """Its padded length: the width of its arrays."""
+        first = next(iter(self.arrays.values()))
+        return int(first.shape[1]) if first.ndim > 1 else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,33 +65,59 @@ class Work:
 
     reply_to: str
     number: int
-    rows: EngineRows
+    feeds: Feeds
     enqueued_at: float  # time.monotonic() of this process
     deadline: float | None  # time.monotonic() of this process
     taken_at: float  # time.monotonic() when this process read it
     model: str | None = None  # the front end's model_fingerprint (None: it sent none)
 
 
-def require_qa(info: ModelInfo) -> None:
-    """Work and replies carry QA rows and logits: a front end or worker serves qa models only.
+def pack_array(value: np.ndarray) -> list[Any]:
+    """``value`` as the wire's ``[dtype, wire dtype, shape, bytes]``."""
+    value = np.asarray(value)
+    wire = value.dtype
+    if value.dtype.kind in "iu" and value.size:
+        low, high = int(value.min()), int(value.max())
+        wire = next((np.dtype(t) for t in NARROW if np.iinfo(t).min <= low
+                     and high <= np.iinfo(t).max), value.dtype)
+    data = np.ascontiguousarray(value, dtype=wire).tobytes()
+    return [value.dtype.str, wire.str, list(value.shape), data]
+
+
+def unpack_array(packed: list[Any]) -> np.ndarray:
+    """The array of a wire's ``[dtype, wire dtype, shape, bytes]``.
 
     Raises:
-        RuntimeError: ``info`` is a model of another task.
+        ValueError: the parts do not make an array.
     """
-    if info.task != QATask.name:
-        raise RuntimeError(f"--broker serves qa models only; this one's task is {info.task!r} "
-                           "(serve it without --broker)")
+    dtype, wire, shape, data = packed
+    value = np.frombuffer(data, dtype=np.dtype(wire)).reshape([int(n) for n in shape])
+    return value if value.dtype == np.dtype(dtype) else value.astype(np.dtype(dtype))
 
 
-def encode_work(reply_to: str, number: int, rows: TokenRows, pad_id: int, padded_length: int,
+def pack_arrays(arrays: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
+    """Each named array packed."""
+    return {name: pack_array(value) for name, value in arrays.items()}
+
+
+def unpack_arrays(packed: Any) -> dict[str, np.ndarray]:
+    """Each named array unpacked.
+
+    Raises:
+        ValueError: not a map of packed arrays.
+    """
+    if not isinstance(packed, dict) or not packed:
+        raise ValueError("expected a map of arrays")
+    return {str(name): unpack_array(value) for name, value in packed.items()}
+
+
+def encode_work(reply_to: str, number: int, feeds: Mapping[str, np.ndarray],
                 enqueued_at: float, deadline: float | None, model: str | None = None) -> bytes:
-    """A work entry for one request; ``enqueued_at`` and ``deadline`` in ``time.monotonic()``;
-    ``model``: the front end's model fingerprint, which a worker checks against its own."""
-    ids = np.ascontiguousarray(rows.input_ids, dtype=np.int32)
-    entry: dict[str, Any] = {
-        "r": reply_to, "i": number, "t": to_wall(enqueued_at), "p": pad_id, "n": padded_length,
-        "l": rows.lengths.tolist(), "ids": ids.tobytes(),
-        "tt": np.ascontiguousarray(rows.token_type_ids, dtype=np.uint8).tobytes()}
+    """A work entry for one request (``feeds``: its engine inputs, as its task collates them
+    alone); ``enqueued_at`` and ``deadline`` in ``time.monotonic()``; ``model``: the front
+    end's model fingerprint, which a worker checks against its own."""
+    entry: dict[str, Any] = {"r": reply_to, "i": number, "t": to_wall(enqueued_at),
+                             "f": pack_arrays(feeds)}
     if deadline is not None:
         entry["d"] = to_wall(deadline)
     if model is not None:
@@ -82,33 +133,28 @@ def decode_work(payload: bytes) -> Work:
     """
     try:
         entry = msgpack.unpackb(payload)
-        lengths = np.asarray(entry["l"], dtype=np.int64)
-        rows = len(lengths)
-        ids = np.frombuffer(entry["ids"], dtype=np.int32).reshape(rows, -1)
-        types = np.frombuffer(entry["tt"], dtype=np.uint8).reshape(rows, -1)
-        number, reply_to = int(entry["i"]), str(entry["r"])
+        arrays = unpack_arrays(entry["f"])
         deadline = entry.get("d")
-        work = Work(reply_to=reply_to, number=number,
-                    rows=EngineRows(input_ids=ids, token_type_ids=types, lengths=lengths,
-                                    pad_id=int(entry["p"]), padded_length=int(entry["n"])),
+        work = Work(reply_to=str(entry["r"]), number=int(entry["i"]), feeds=Feeds(arrays),
                     enqueued_at=to_monotonic(float(entry["t"])),
                     deadline=None if deadline is None else to_monotonic(float(deadline)),
                     taken_at=time.monotonic(),
                     model=None if entry.get("m") is None else str(entry["m"]))
     except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
         raise ValueError(f"not a work entry: {type(exc).__name__}: {exc}") from exc
-    if rows == 0 or ids.shape != types.shape or work.rows.padded_length < ids.shape[1] \
-            or lengths.max() > ids.shape[1]:
-        raise ValueError(f"inconsistent work entry: {rows} rows, ids {ids.shape}, types "
-                         f"{types.shape}, padded to {work.rows.padded_length}")
+    shapes = {value.shape[:2] for value in arrays.values()}
+    if len(shapes) != 1 or any(value.ndim != 2 for value in arrays.values()) \
+            or work.feeds.rows == 0:
+        raise ValueError(f"inconsistent work entry: inputs of shapes "
+                         f"{ {name: value.shape for name, value in arrays.items()} }")
     return work
 
 
-def encode_answer(number: int, start: np.ndarray, end: np.ndarray, held_s: float) -> bytes:
-    """A reply entry carrying one request's start and end logits, and how long the worker held
-    it (read to reply: its queue and engine time), so the front end can tell the hop's share."""
-    return msgpack.packb({"i": number, "s": _float_rows(start), "e": _float_rows(end),
-                          "w": held_s})
+def encode_answer(number: int, outputs: Mapping[str, np.ndarray], held_s: float) -> bytes:
+    """A reply entry carrying one request's rows of the engine's outputs, and how long the
+    worker held it (read to reply: its queue and engine time), so the front end can tell the
+    hop's share."""
+    return msgpack.packb({"i": number, "o": pack_arrays(outputs), "w": held_s})
 
 
 def encode_error(number: int, code: str, message: str, held_s: float = 0.0) -> bytes:
@@ -118,23 +164,25 @@ def encode_error(number: int, code: str, message: str, held_s: float = 0.0) -> b
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """One decoded reply entry: logits (still bytes) or a typed error."""
+    """One decoded reply entry: outputs (still packed) or a typed error."""
 
     number: int
-    start: bytes = b""
-    end: bytes = b""
+    packed: Any = None
     code: str | None = None
     message: str = ""
     held_s: float = 0.0  # how long the worker held the request
 
-    def logits(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
-        """The start and end logits as ``[rows, length]`` float32 arrays.
+    def outputs(self, rows: int) -> dict[str, np.ndarray]:
+        """The engine's outputs for the request's ``rows`` rows.
 
         Raises:
-            ValueError: they do not have ``rows`` rows of one length.
+            ValueError: unreadable, or an output without ``rows`` rows.
         """
-        start = np.frombuffer(self.start, dtype=np.float32).reshape(rows, -1)
-        return start, np.frombuffer(self.end, dtype=np.float32).reshape(rows, -1)
+        arrays = unpack_arrays(self.packed)
+        for name, value in arrays.items():
+            if value.ndim == 0 or value.shape[0] != rows:
+                raise ValueError(f"output {name} has shape {value.shape}, not {rows} rows")
+        return arrays
 
 
 def decode_reply(payload: bytes) -> Reply:
@@ -149,13 +197,9 @@ def decode_reply(payload: bytes) -> Reply:
         if "c" in reply:
             return Reply(int(reply["i"]), code=str(reply["c"]), message=str(reply["x"]),
                          held_s=held)
-        return Reply(int(reply["i"]), start=reply["s"], end=reply["e"], held_s=held)
+        return Reply(int(reply["i"]), packed=reply["o"], held_s=held)
     except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
         raise ValueError(f"not a reply entry: {type(exc).__name__}: {exc}") from exc
-
-
-def _float_rows(logits: np.ndarray) -> bytes:
-    return np.ascontiguousarray(logits, dtype=np.float32).tobytes()
 
 
 def to_wall(monotonic: float) -> float:

@@ -1,9 +1,11 @@
 """``--role worker --broker redis://...``: a worker that pulls requests from Redis and runs them.
 
-It holds the engines (``--num_inference_sessions`` sessions on ``--device``) and nothing of the
-task's text work: front ends send token rows and get logits back (broker/wire.py). A reader
-thread takes entries from the work stream in the workers' consumer group, only as many as its
-sessions' next batches will hold (one per session where batching does not pay, up to
+One ``RedisWorker`` holds one model's engines (``--num_inference_sessions`` sessions on
+``--device``; a worker process runs one per model it holds, broker/worker_main.py) and nothing
+of the task's text work: front ends send each request's engine inputs and get its engine
+outputs back (broker/wire.py), for a model of any task, as an executor's jobs do. A reader
+thread takes entries from the model's work stream in its workers' consumer group, only as
+many as its sessions' next batches will hold (one per session where batching does not pay, up to
 ``--max_batch_size`` where it does, by the cost model; at most ``2 x --max_batch_size`` held),
 so work a busy worker cannot start yet stays in Redis for idle ones; sessions batch them
 cost-aware as the in-process server does; replies go back, and the entries are acknowledged
@@ -31,10 +33,10 @@ from typing import Any
 import redis
 
 from broker.connect import BLOCK_S, GROUP, Keys, connect, ensure_group, first_connect
+from broker.feeds_task import FeedsTask
 from broker.outbox import ReplyOutbox
-from broker.rows_task import RowsTask
 from broker.urls import redact
-from broker.wire import FIELD, Work, decode_work, encode_answer, encode_error, require_qa
+from broker.wire import FIELD, Work, decode_work, encode_answer, encode_error
 from engines.base import Engine
 from engines.model_dir import ModelInfo, model_fingerprint
 from protocol.errors import InternalError, ServerError, WorkerLost
@@ -70,17 +72,19 @@ class RedisWorker:
     """One worker process's sessions, fed from the work stream.
 
     Args:
-        config: Serving settings (``broker``, ``broker_prefix``, ``claim_idle_ms``, sessions).
+        config: Serving settings (``broker``, ``broker_prefix``, ``claim_idle_ms``, sessions),
+            ``model_dir`` this model's folder.
         info: The prepared model's metadata.
+        name: The model's name in the repository (its work stream's).
         engine_factory: Builds each session's engine (default: per the config).
     """
 
-    def __init__(self, config: ServerConfig, info: ModelInfo,
+    def __init__(self, config: ServerConfig, info: ModelInfo, name: str,
                  engine_factory: Callable[[], Engine] | None = None) -> None:
         assert config.broker is not None
         self.config, self.info = config, info
-        self.keys = Keys(config.broker_prefix)
-        self.name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.keys = Keys(config.broker_prefix, name)
+        self.name = f"{socket.gethostname()}-{os.getpid()}-{name}-{uuid.uuid4().hex[:6]}"
         self.stats = ServerStats()
         self.window = config.worker_window()
         self.queue = WorkQueue(self.window)
@@ -112,18 +116,19 @@ class RedisWorker:
                 stopped, and no work was taken.
 
         Raises:
-            RuntimeError: the model is not a qa model, a session could not load its engine,
-                or Redis refused us.
+            RuntimeError: the front ends under this prefix serve another model by this name,
+                a session could not load its engine, or Redis refused us.
             StartCancelled: ``cancel`` was set before every session was ready.
         """
-        require_qa(self.info)
         url = redact(self.config.broker or "")
         first_connect(self._connect, self.config.broker or "", "will take work once it is")
+        if self._up:
+            self._require_expected()
         log.info("worker %s: loading %s into %d %s sessions, then taking work from %s on %s",
                  self.name, model_label(self.config), self.config.num_inference_sessions,
                  self.config.inference_engine_type, self.keys.work, url)
         longest = min(self.config.max_seq_len, self.info.max_seq_len)
-        task = RowsTask(self.info.input_names, self._room_changed)
+        task = FeedsTask(self.info.input_names, self.info.task, self._room_changed)
         self.pool = session_pool(self.config, self.engine_factory, task, self.queue, self.policy,
                                  self.stats, padded_lengths(self.config.bucket_lengths(), longest),
                                  longest)
@@ -141,6 +146,20 @@ class RedisWorker:
     def _connect(self) -> None:
         ensure_group(self.client, self.keys)
         self._up = True
+
+    def _require_expected(self) -> None:
+        """Refuse to start where the front ends serve another model under our model's name.
+
+        Raises:
+            RuntimeError: they do (the message is the one line a failed start logs).
+        """
+        theirs = self.client.get(self.keys.expected)
+        if theirs and theirs.decode() != self.model:
+            raise RuntimeError(
+                f"model {self.keys.model!r} of {self.config.model_dir} (fingerprint {self.model})"
+                f" is not the one the front ends under prefix {self.keys.prefix!r} serve by "
+                f"that name (fingerprint {theirs.decode()}): give workers the front ends' "
+                "prepared model folders")
 
     # -- taking work ---------------------------------------------------------------------------
     def _read(self) -> None:
@@ -264,9 +283,9 @@ class RedisWorker:
                 self.outbox.put(entry_id, work.reply_to, encode_error(
                     work.number, "deadline_exceeded", "deadline passed before a worker took it"))
             else:
-                self.queue.put(WorkItem(features=work.rows, respond=partial(self._answer,
-                                                                            entry_id, work),
-                                        rows=work.rows.rows, length=work.rows.padded_length,
+                self.queue.put(WorkItem(features=work.feeds, respond=partial(self._answer,
+                                                                             entry_id, work),
+                                        rows=work.feeds.rows, length=work.feeds.max_len,
                                         enqueued_at=work.enqueued_at, deadline=work.deadline))
 
     def _wrong_model(self, entry_id: bytes, work: Work) -> None:
@@ -299,7 +318,7 @@ class RedisWorker:
             reply = encode_error(work.number, error.code, error.message, held)
         else:
             assert result is not None
-            reply = encode_answer(work.number, result["start"], result["end"], held)
+            reply = encode_answer(work.number, result["outputs"], held)
         self.outbox.put(entry_id, work.reply_to, reply)
 
     def _held_add(self, n: int) -> None:
@@ -328,6 +347,7 @@ class RedisWorker:
                 else "starting", "in_flight": self._held,
                 "restarts": figures["events"].get("session_restart", 0), "figures": figures,
                 "describe": describe_serving(self.policy, engine), "model": self.model,
+                "model_name": self.keys.model,
                 **self.counts,
                 "lost_replies": self.outbox.lost}
 

@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from broker.urls import require_one
 from engines.base import Engine
 from engines.model_dir import ModelInfo, find_models, load_model_info
 from engines.sim_engine import SIM_ENGINE_WARNING
@@ -61,12 +60,13 @@ class ServedModel:
 
 
 def make_backend(config: ServerConfig, info: ModelInfo, stats: ServerStats,
-                 engine_factory: Callable[[], Engine] | None) -> Backend:
-    """The backend the settings ask for: in this process, worker processes, or a broker."""
+                 engine_factory: Callable[[], Engine] | None, name: str) -> Backend:
+    """The backend the settings ask for: in this process, worker processes, or a broker
+    (``name``: the model's, which names its work stream there)."""
     if config.broker is not None:
         from broker.frontend import RedisBackend  # imports redis only when asked for
 
-        return RedisBackend(config, info, stats)
+        return RedisBackend(config, info, stats, name)
     if config.workers > 1 or config.executors == "on":
         from workers.processes import ProcessBackend
 
@@ -122,8 +122,6 @@ class ModelSet:
             self.models[name] = ServedModel(
                 name=name, config=replace(self.config, model_dir=str(path)), info=info,
                 op=cls.op, stats=ServerStats(cls.op, self.stats), fields=dict(cls.fields))
-        if self.config.broker is not None:
-            require_one(self.config.model_dir, list(self.models))
         self.task_ops = frozenset(m.op for m in self if m.op not in REQUEST_PARSERS)
 
     def start(self, cancel: threading.Event | None = None) -> None:
@@ -142,7 +140,7 @@ class ModelSet:
             if not model.info.meaningful:
                 log.warning("%s: %s", model.name, model.info.warning)
             model.backend = make_backend(model.config, model.info, model.stats,
-                                         self.engine_factory)
+                                         self.engine_factory, model.name)
             model.backend.start(cancel)
 
     def __iter__(self) -> Iterator[ServedModel]:

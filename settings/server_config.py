@@ -63,6 +63,8 @@ class ServerConfig:
                        "worker: no listener, run the model for front ends, pulling work from "
                        "--broker", choices=("server", "worker"))
     broker_prefix: str = option("qa", "prefix of every Redis key of this deployment")
+    models: str | None = option(None, "--role worker: the models of --model_dir this worker "
+                                "holds, e.g. qa,embed (default: all of them)")
     claim_idle_ms: float = option(15000.0, "a worker claims work another worker took and left "
                                   "unanswered this long (it died): the visibility timeout")
     inference_engine_type: str = option("onnx", "engine backend (zero: no model, random "
@@ -254,6 +256,9 @@ class ServerConfig:
         return problems
 
     def _broker_problems(self) -> list[str]:
+        if self.models is not None and self.role != "worker":
+            return ["--models applies to --role worker (a front end serves every model of "
+                    "--model_dir; requests name theirs)"]
         if self.broker is None:
             return ["--role worker needs --broker"] if self.role == "worker" else []
         if self.workers > 1:  # the URL itself: broker/urls.py's check, through the registry

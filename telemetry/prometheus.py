@@ -79,8 +79,8 @@ class ServerCollector(Collector):
         yield from _worker_families(snap.get("workers", []))
         yield from _device_share(snap.get("devices", {}))
         yield from _executor_families(snap.get("executors", []))
-        if "broker" in snap:
-            yield from _broker_families(snap["broker"])
+        yield from _broker_families({name: entry["broker"] for name, entry
+                                     in snap.get("models", {}).items() if "broker" in entry})
         yield from self.gpus.collect()
 
 
@@ -192,26 +192,40 @@ def _device_share(devices: dict[str, dict[str, float]]) -> Iterator[Metric]:
     yield share
 
 
-def _broker_families(broker: dict[str, Any]) -> Iterator[Metric]:
-    """The broker as a front end sees it (``--broker``): docs/metrics.md."""
-    yield _gauge("broker_up", "1 while this front end reaches Redis", int(broker["up"]))
-    yield _gauge("broker_stream_length", "Entries in the work stream: waiting, or taken by a "
-                 "worker and not yet answered", broker["stream_length"])
-    yield _gauge("broker_pending_entries", "Work entries taken by a worker and not yet "
-                 "acknowledged", broker["pending"])
-    yield _gauge("broker_serving_workers", "Workers whose heartbeat says they take work",
-                 broker["serving_workers"])
-    for name, doc in (("claims", "Work entries claimed from a worker that left them "
-                       "unanswered (summed over the live workers)"),
-                      ("redeliveries", "Claimed work entries run again (live workers)"),
-                      ("duplicate_replies", "Second replies for requests a first reply had "
-                       "answered (a claimed entry run twice; dropped)"),
-                      ("late_replies", "Replies for requests answered before them: deadline, "
-                       "unavailable, client gone (dropped)"),
-                      ("unavailable", "Requests in flight answered 'unavailable' because Redis "
-                       "was lost"),
-                      ("reconnects", "Times this front end reconnected to Redis")):
-        yield CounterMetricFamily(f"{PREFIX}_broker_{name}", doc, value=broker[name])
+def _broker_families(brokers: dict[str, dict[str, Any]]) -> Iterator[Metric]:
+    """The broker as a front end sees it (``--broker``), per model: docs/metrics.md."""
+    if not brokers:
+        return
+    label = ["model"]
+    gauges = (("up", "broker_up", "1 while this front end reaches Redis"),
+              ("stream_length", "broker_stream_length", "Entries in the model's work stream: "
+               "waiting, or taken by a worker and not yet answered"),
+              ("pending", "broker_pending_entries", "Work entries taken by a worker and not yet "
+               "acknowledged"),
+              ("serving_workers", "broker_serving_workers", "Live workers holding the model "
+               "whose heartbeat says they take work"),
+              ("in_flight", "broker_in_flight", "Requests this front end put on the stream "
+               "and has not answered yet"))
+    counters = (("claims", "Work entries claimed from a worker that left them unanswered "
+                 "(summed over the live workers)"),
+                ("redeliveries", "Claimed work entries run again (live workers)"),
+                ("duplicate_replies", "Second replies for requests a first reply had answered "
+                 "(a claimed entry run twice; dropped)"),
+                ("late_replies", "Replies for requests answered before them: deadline, "
+                 "unavailable, client gone (dropped)"),
+                ("unavailable", "Requests in flight answered 'unavailable' because Redis was "
+                 "lost"),
+                ("reconnects", "Times this front end reconnected to Redis"))
+    for key, name, doc in gauges:
+        family = GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=label)
+        for model, broker in brokers.items():
+            family.add_metric([model], int(broker[key]))
+        yield family
+    for key, doc in counters:
+        family = CounterMetricFamily(f"{PREFIX}_broker_{key}", doc, labels=label)
+        for model, broker in brokers.items():
+            family.add_metric([model], broker[key])
+        yield family
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

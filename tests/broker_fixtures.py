@@ -65,9 +65,14 @@ def stop_worker(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
         raise
 
 
-def settled(client: redis.Redis, seconds: float = 30) -> None:
-    """Until the work stream holds nothing."""
+def work_key(model_dir: Path | str, prefix: str = "qa") -> str:
+    """The work stream of the model in ``model_dir`` (a model folder, named after it)."""
+    return f"{prefix}:work:{Path(model_dir).resolve().name}"
+
+
+def settled(client: redis.Redis, model_dir: Path | str, seconds: float = 30) -> None:
+    """Until the model's work stream holds nothing."""
     deadline = time.monotonic() + seconds
-    while client.xlen("qa:work"):
+    while client.xlen(work_key(model_dir)):
         assert time.monotonic() < deadline, "the work stream never emptied"
         time.sleep(0.05)

@@ -26,6 +26,7 @@ from tests.broker_fixtures import (
     start_worker,
     stop_worker,
     wait_serving,
+    work_key,
 )
 from tests.helpers import (
     CONTEXTS,
@@ -68,7 +69,8 @@ def request(i: int) -> tuple[str, str]:
 
 
 def test_answers_through_redis_equal_the_in_process_task_and_both_workers_serve(
-        deployment: InferenceServer, broker: RedisServer, reference: Reference) -> None:
+        deployment: InferenceServer, broker: RedisServer, reference: Reference,
+        tiny_model_dir: Path) -> None:
     before = {pid: beat["figures"]["batch_rows"] for pid, beat in
               heartbeats(broker.client()).items()}
     with Client(*deployment.address) as client:
@@ -76,7 +78,7 @@ def test_answers_through_redis_equal_the_in_process_task_and_both_workers_serve(
         answers = [future.result(timeout=60) for future in futures]
     for i, answer in enumerate(answers):
         assert answer == reference.answer(*request(i))
-    settled(broker.client())
+    settled(broker.client(), tiny_model_dir)
 
     def both_ran() -> bool:
         beats = heartbeats(broker.client())
@@ -123,7 +125,7 @@ def test_two_front_ends_two_workers_pipelined_soak(deployment: InferenceServer,
     finally:
         assert second.shutdown(10)
     client = broker.client()
-    settled(client)
+    settled(client, tiny_model_dir)
     assert not client.exists(f"qa:replies:{second.backend.name}")  # type: ignore[union-attr]
 
 
@@ -158,7 +160,8 @@ def test_a_front_end_logs_its_broker_and_model_and_no_engine_of_its_own(
         front = front_end(broker.url, tiny_model_dir)
         front.shutdown(10)
     log = caplog.text
-    assert "broker redis://:***@127.0.0.1" in log and "work on qa:work" in log  # its broker
+    assert "broker redis://:***@127.0.0.1" in log  # its broker
+    assert f"work on {work_key(tiny_model_dir)}" in log
     name = tiny_model_dir.name
     assert f"model {name}: tiny-random-bert-qa-0" in log  # its model
     assert "run by the broker's workers (--role worker)" in log  # what runs it
@@ -167,11 +170,11 @@ def test_a_front_end_logs_its_broker_and_model_and_no_engine_of_its_own(
 
 
 def test_an_unreadable_work_entry_is_dropped_and_the_workers_keep_serving(
-        deployment: InferenceServer, broker: RedisServer) -> None:
+        deployment: InferenceServer, broker: RedisServer, tiny_model_dir: Path) -> None:
     client = broker.client()
-    client.xadd("qa:work", {"m": b"\xc1 not msgpack"})
-    client.xadd("qa:work", {"other": b"field"})
-    settled(client)
+    client.xadd(work_key(tiny_model_dir), {"m": b"\xc1 not msgpack"})
+    client.xadd(work_key(tiny_model_dir), {"other": b"field"})
+    settled(client, tiny_model_dir)
     wait_until(lambda: sum(b.get("unreadable", 0) for b in heartbeats(client).values()) == 2, 10)
     with Client(*deployment.address) as conn:
         assert conn.answer(*request(2), timeout=30)["answer"]

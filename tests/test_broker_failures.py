@@ -19,7 +19,6 @@ from broker.local_server import RedisServer
 from broker.wire import decode_reply, encode_work
 from client import Client
 from protocol import DeadlineExceeded, Overloaded, Unavailable, encode_frame, qa_request
-from tasks.rows import EngineRows
 from tests.broker_fixtures import (
     front_end,
     heartbeats,
@@ -27,6 +26,7 @@ from tests.broker_fixtures import (
     start_worker,
     stop_worker,
     wait_serving,
+    work_key,
 )
 from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, wait_until
 
@@ -43,7 +43,8 @@ def pending_of(broker: RedisServer, pid: int) -> int:
     """Entries the worker with this pid holds unacknowledged."""
     client = broker.client()
     name = heartbeats(client)[pid]["worker"]
-    return len(client.xpending_range("qa:work", GROUP, min="-", max="+", count=1000,
+    model_dir = heartbeats(client)[pid]["model_name"]
+    return len(client.xpending_range(f"qa:work:{model_dir}", GROUP, min="-", max="+", count=1000,
                                      consumername=name))
 
 
@@ -84,7 +85,7 @@ def test_a_worker_killed_mid_batch_loses_no_request_and_answers_none_twice(
             return survivor.get("claims", 0) >= held and survivor.get("redeliveries", 0) >= held
 
         wait_until(claimed, 10)
-        settled(broker.client())
+        settled(broker.client(), tiny_model_dir)
         conn.close()
     finally:
         front.shutdown(10)
@@ -156,7 +157,7 @@ def test_a_deadline_passes_across_the_hop_and_the_worker_skips_the_expired_entry
                 client.submit(QUESTIONS[0], CONTEXTS[0], timeout_ms=300).result(timeout=10)
             assert time.monotonic() - started < 2  # answered by the front end at the deadline
             os.kill(worker.pid, signal.SIGCONT)
-            settled(broker.client())
+            settled(broker.client(), tiny_model_dir)
             wait_until(lambda: heartbeats(broker.client()).get(worker.pid, {}).get("expired") == 1,
                        10)
             beat = heartbeats(broker.client())[worker.pid]
@@ -177,7 +178,7 @@ def test_a_full_stream_refuses_at_once_and_no_worker_means_unavailable(
     try:
         with Client(*front.address) as client:
             assert client.ping(timeout=5)["ready"] is False
-            with pytest.raises(Unavailable, match="no worker"):
+            with pytest.raises(Unavailable, match="no live worker holds model"):
                 client.answer(QUESTIONS[0], CONTEXTS[0], timeout=10)
         worker = start_worker(broker.url, tiny_model_dir)
         wait_serving(front, 1)
@@ -201,22 +202,21 @@ def test_a_full_stream_refuses_at_once_and_no_worker_means_unavailable(
 
 def test_an_entry_that_keeps_killing_workers_is_answered_worker_lost(
         broker: RedisServer, tiny_model_dir: Path) -> None:
-    client = broker.client()
-    client.xgroup_create("qa:work", GROUP, id="0", mkstream=True)
+    client, work = broker.client(), work_key(tiny_model_dir)
+    client.xgroup_create(work, GROUP, id="0", mkstream=True)
     client.xadd("qa:replies:test", {"m": b""})
-    rows = EngineRows(input_ids=np.array([[101, 2054, 102]]), token_type_ids=np.zeros((1, 3)),
-                      lengths=np.array([3]), pad_id=0, padded_length=3)
-    client.xadd("qa:work", {"m": encode_work("qa:replies:test", 7, rows, 0, 3, time.monotonic(),
-                                             None)})
+    feeds = {"input_ids": np.array([[101, 2054, 102]]), "attention_mask": np.ones((1, 3), int),
+             "token_type_ids": np.zeros((1, 3), int)}
+    client.xadd(work, {"m": encode_work("qa:replies:test", 7, feeds, time.monotonic(), None)})
     for attempt in range(4):  # four workers took it and died before answering
-        client.xreadgroup(GROUP, f"dead-{attempt}", {"qa:work": "0" if attempt else ">"})
-        client.xclaim("qa:work", GROUP, f"dead-{attempt}", 0, [client.xrange("qa:work")[0][0]])
+        client.xreadgroup(GROUP, f"dead-{attempt}", {work: "0" if attempt else ">"})
+        client.xclaim(work, GROUP, f"dead-{attempt}", 0, [client.xrange(work)[0][0]])
     worker = start_worker(broker.url, tiny_model_dir)
     try:
         wait_until(lambda: client.xlen("qa:replies:test") == 2, 60)
         reply = decode_reply(client.xrange("qa:replies:test")[-1][1][b"m"])
         assert reply.number == 7 and reply.code == "worker_lost"
-        settled(client)
+        settled(client, tiny_model_dir)
         wait_until(lambda: worker.pid in heartbeats(client), 30)
         assert heartbeats(client)[worker.pid]["figures"]["batch_rows"] == 0  # never run
     finally:

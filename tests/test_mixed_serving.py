@@ -1,11 +1,9 @@
-"""Models of every task served side by side, in worker processes too, and the layouts that
-cannot serve them refusing at start with a clear message."""
+"""Models of every task served side by side, in one process and in worker processes
+(through Redis: tests/test_broker_repository.py)."""
 
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,8 +18,6 @@ from server import InferenceServer, ServerConfig
 from tasks import load_task
 from tests.helpers import CONTEXTS, QUESTIONS, Reference
 from tests.text_models import TINY_LABELS, build_tiny_classify_dir, build_tiny_embed_dir
-
-ROOT = Path(__file__).resolve().parent.parent
 
 TEXTS = [*QUESTIONS, *CONTEXTS[:3]]
 
@@ -80,24 +76,3 @@ def test_every_task_answers_pipelined_requests_on_one_connection(server: Inferen
     for name, op in (("qa", "qa"), ("embed", "embed"), ("classify", "classify")):
         assert stats["models"][name]["requests"][op]["ok"] == len(TEXTS)
     assert stats["in_flight"] == 0
-
-
-def test_a_broker_front_end_refuses_models_it_cannot_serve(repository: Path) -> None:
-    for model_dir, message in ((repository, "--broker serves one qa model"),
-                               (repository / "embed", "--broker serves qa models only")):
-        config = ServerConfig(port=0, model_dir=str(model_dir),
-                              broker="redis://127.0.0.1:1/0")
-        with pytest.raises((ValueError, RuntimeError), match=message):
-            InferenceServer(config).start()
-
-
-def test_a_broker_worker_refuses_a_repository_of_several_models_with_the_front_ends_words(
-        repository: Path) -> None:
-    # it used to say "no prepared model in ... (missing serving.json)" of a prepared repository
-    done = subprocess.run([sys.executable, "server.py", "--role", "worker", "--broker",
-                           "redis://127.0.0.1:1/0", "--model_dir", str(repository)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2
-    assert "--broker serves one qa model; --model_dir holds 3 (classify, embed, qa): name one, " \
-           f"e.g. --model_dir {repository / 'qa'}" in done.stderr, done.stderr
-    assert "Traceback" not in done.stderr
