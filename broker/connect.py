@@ -113,3 +113,18 @@ def ensure_group(client: redis.Redis, keys: Keys) -> None:
     except ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
+
+
+def require_expected(client: redis.Redis, keys: Keys, fingerprint: str, folder: str) -> None:
+    """Refuse a worker's start where the front ends serve another model under its model's
+    name (the fingerprint they renew at ``keys.expected``).
+
+    Raises:
+        RuntimeError: they do (the message is the one line a failed start logs).
+    """
+    theirs = client.get(keys.expected)
+    if theirs and theirs.decode() != fingerprint:
+        raise RuntimeError(
+            f"model {keys.model!r} of {folder} (fingerprint {fingerprint}) is not the one the "
+            f"front ends under prefix {keys.prefix!r} serve by that name (fingerprint "
+            f"{theirs.decode()}): give workers the front ends' prepared model folders")

@@ -358,28 +358,19 @@ class RedisBackend:
 
     def broker_figures(self) -> dict[str, Any]:
         """The broker as this front end saw it at the last look, plus its own counts."""
+        with self._lock:
+            hops = self.hop_time.summary()
         return {"url": redact(self.url), "up": self._up, "front_end": self.name,
                 "stream": self.keys.work, **self.monitor.figures(),
-                "in_flight": len(self._in_flight), **self.counts, "hop_time": self._hops()}
-
-    def _hops(self) -> dict[str, float]:
-        with self._lock:
-            return self.hop_time.summary()
+                "in_flight": len(self._in_flight), **self.counts, "hop_time": hops}
 
     def worker_figures(self) -> list[dict[str, Any]]:
         """Each live worker, in the shape the ``stats`` op lists workers."""
         return self.monitor.worker_entries()
 
     def summed(self, stats: ServerStats, figures: list[dict[str, Any]]) -> ServerStats:
-        """This front end's ``stats`` plus every worker's newest batch figures, gone workers'
-        included (those count the work of every front end the workers serve)."""
-        merged = stats.copy()
-        live, gone = self.monitor.worker_sums()
-        for source in live:
-            merged.absorb(source, share=1 / len(live))  # percentiles: the live workers' samples
-        for source in gone:
-            merged.absorb(source, share=0)  # counts and totals only
-        return merged
+        """This front end's ``stats`` plus the model's workers' newest batch figures."""
+        return self.monitor.summed(stats)
 
     # -- stop ----------------------------------------------------------------------------------
     def stop(self, timeout: float) -> bool:

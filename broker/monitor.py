@@ -113,6 +113,17 @@ class BrokerMonitor(threading.Thread):
         return list(self.live_figures.values()), \
             [*self.gone_figures.values(), self.folded.batch_figures()]
 
+    def summed(self, stats: ServerStats) -> ServerStats:
+        """``stats`` plus every worker's newest batch figures, gone workers' included (those
+        count the work of every front end the workers serve)."""
+        merged = stats.copy()
+        live, gone = self.worker_sums()
+        for source in live:
+            merged.absorb(source, share=1 / len(live))  # percentiles: the live workers' samples
+        for source in gone:
+            merged.absorb(source, share=0)  # counts and totals only
+        return merged
+
     def _forget(self, names: list[str]) -> None:
         try:
             self.client.srem(self.keys.workers, *names)

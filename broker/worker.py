@@ -32,7 +32,15 @@ from typing import Any
 
 import redis
 
-from broker.connect import BLOCK_S, GROUP, Keys, connect, ensure_group, first_connect
+from broker.connect import (
+    BLOCK_S,
+    GROUP,
+    Keys,
+    connect,
+    ensure_group,
+    first_connect,
+    require_expected,
+)
 from broker.feeds_task import FeedsTask
 from broker.outbox import ReplyOutbox
 from broker.urls import redact
@@ -40,7 +48,7 @@ from broker.wire import FIELD, Work, decode_work, encode_answer, encode_error
 from engines.base import Engine
 from engines.model_dir import ModelInfo, model_fingerprint
 from protocol.errors import InternalError, ServerError, WorkerLost
-from scheduling.planner import MIN_GAIN
+from scheduling.planner import worth_batching
 from scheduling.pool import SessionPool
 from scheduling.queue import DeadlineReaper, WorkItem, WorkQueue
 from scheduling.waits import StartCancelled, backoff_s
@@ -123,7 +131,7 @@ class RedisWorker:
         url = redact(self.config.broker or "")
         first_connect(self._connect, self.config.broker or "", "will take work once it is")
         if self._up:
-            self._require_expected()
+            require_expected(self.client, self.keys, self.model, self.config.model_dir)
         log.info("worker %s: loading %s into %d %s sessions, then taking work from %s on %s",
                  self.name, model_label(self.config), self.config.num_inference_sessions,
                  self.config.inference_engine_type, self.keys.work, url)
@@ -146,20 +154,6 @@ class RedisWorker:
     def _connect(self) -> None:
         ensure_group(self.client, self.keys)
         self._up = True
-
-    def _require_expected(self) -> None:
-        """Refuse to start where the front ends serve another model under our model's name.
-
-        Raises:
-            RuntimeError: they do (the message is the one line a failed start logs).
-        """
-        theirs = self.client.get(self.keys.expected)
-        if theirs and theirs.decode() != self.model:
-            raise RuntimeError(
-                f"model {self.keys.model!r} of {self.config.model_dir} (fingerprint {self.model})"
-                f" is not the one the front ends under prefix {self.keys.prefix!r} serve by "
-                f"that name (fingerprint {theirs.decode()}): give workers the front ends' "
-                "prepared model folders")
 
     # -- taking work ---------------------------------------------------------------------------
     def _read(self) -> None:
@@ -216,17 +210,7 @@ class RedisWorker:
     def pull_size(self) -> int:
         """Requests worth batching together at the longest length, by the cost model (1 where
         batching does not pay, as on most CPUs; up to ``--max_batch_size`` on a GPU)."""
-        cap, cost = self.policy.cap, self.policy.cost
-        if self.policy.mode != "auto" or cost is None:
-            return cap
-        longest = min(self.config.max_seq_len, self.info.max_seq_len)
-        best, rows = 1, 2
-        while rows <= cap:
-            now, before = cost.estimate(rows, longest), cost.estimate(best, longest)
-            if now is None or before is None or now / rows > before / best * (1 - MIN_GAIN):
-                break
-            best, rows = rows, rows * 2
-        return best
+        return worth_batching(self.policy, min(self.config.max_seq_len, self.info.max_seq_len))
 
     def _room_changed(self) -> None:
         """A session took a batch from the local queue (its collate): maybe take more."""

@@ -229,3 +229,20 @@ def cheaper_together(cost: CostModel | None, batch: tuple[int, int] | None,
     shapes = ([batch] if batch else []) + extra
     return _Estimates(cost).no_dearer(sum(r for r, _ in shapes), max(n for _, n in shapes),
                                       shapes, gain)
+
+
+def worth_batching(policy: BatchPolicy, length: int) -> int:
+    """Requests worth batching together at ``length`` tokens, by the policy's cost model: the
+    largest power of two up to its cap whose cost per request is at least MIN_GAIN below the
+    last one's (1 where batching does not pay, as on most CPUs; the cap without a cost model
+    or outside ``auto``)."""
+    cap, cost = policy.cap, policy.cost
+    if policy.mode != "auto" or cost is None:
+        return cap
+    best, rows = 1, 2
+    while rows <= cap:
+        now, before = cost.estimate(rows, length), cost.estimate(best, length)
+        if now is None or before is None or now / rows > before / best * (1 - MIN_GAIN):
+            break
+        best, rows = rows, rows * 2
+    return best

@@ -130,7 +130,7 @@ def test_two_front_ends_two_workers_pipelined_soak(deployment: InferenceServer,
 
 
 def test_stats_and_metrics_cover_the_broker(deployment: InferenceServer,
-                                            broker: RedisServer) -> None:
+                                            broker: RedisServer, tiny_model_dir: Path) -> None:
     with Client(*deployment.address) as client:
         client.answer(*request(0), timeout=30)
         stats = client.stats(timeout=30)
@@ -145,7 +145,9 @@ def test_stats_and_metrics_cover_the_broker(deployment: InferenceServer,
     host, port = deployment.metrics_address
     with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    for series in ("qa_server_broker_up 1.0", "qa_server_broker_serving_workers 2.0",
+    label = f'{{model="{tiny_model_dir.name}"}}'
+    for series in (f"qa_server_broker_up{label} 1.0",
+                   f"qa_server_broker_serving_workers{label} 2.0",
                    "qa_server_broker_claims_total", "qa_server_broker_stream_length",
                    "qa_server_broker_pending_entries", "qa_server_broker_redeliveries_total"):
         assert series in text
