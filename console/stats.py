@@ -75,8 +75,6 @@ def server_lines(stats: Stats, where: str) -> list[str]:
              f"  events       {counts(stats.get('events', {})) or 'none'}"]
     if workers := worker_summary(stats.get("workers", [])):
         lines.append(f"  workers      {workers}")
-    if isinstance(broker := stats.get("broker"), Mapping):
-        lines.append(f"  broker       {broker_summary(broker)}")
     return lines
 
 
@@ -94,7 +92,7 @@ def worker_summary(workers: list[Stats]) -> str:
 
 
 def broker_summary(broker: Stats) -> str:
-    """The Redis layout's figures in one line."""
+    """The Redis layout's figures of one model in one line."""
     up = "up" if broker.get("up") else "DOWN"
     return (f"{broker.get('url')} {up}, {broker.get('serving_workers', 0)} serving workers, "
             f"{broker.get('stream_length', 0)} in the stream, {broker.get('pending', 0)} pending")
@@ -113,6 +111,8 @@ def model_lines(key: str, model: Stats, uptime_s: float) -> Iterator[str]:
     yield from time_table(model)
     if isinstance(engine := model.get("engine"), Mapping) and engine.get("description"):
         yield f"  engine       {engine['description']}"
+    if isinstance(broker := model.get("broker"), Mapping):
+        yield f"  broker       {broker_summary(broker)}"
 
 
 def batch_summary(model: Stats) -> str:

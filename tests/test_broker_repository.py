@@ -24,6 +24,7 @@ import redis
 from broker.connect import GROUP
 from broker.local_server import RedisServer
 from client import Client
+from console.stats import format_stats
 from protocol import BadRequest, Unavailable, encode_frame, qa_request
 from protocol.messages import model_request
 from server import InferenceServer, ServerConfig
@@ -151,6 +152,8 @@ def test_each_model_has_its_own_broker_figures_in_stats_and_metrics(
     embed = stats["models"]["embed"]
     assert embed["batches"] >= 1 and embed["requests"]["embed"]["ok"] >= 1
     assert stats["workers"] and {w["model"] for w in stats["workers"]} == set(MODELS)
+    summary = format_stats(stats)  # client.py --stats: a broker line under each model
+    assert summary.count("  broker       redis://127.0.0.1") == len(MODELS), summary
     port = deployment.metrics_address[1]
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
         text = page.read().decode()
