@@ -1,11 +1,6 @@
 """Every shell command of README.md and docs/*.md that starts the server, run as written.
 
-Extracted: lines of fenced blocks (```bash/sh/shell/console, ``$ `` prompts dropped, or no
-language; backslash continuations joined) and inline `code` spans, split at ``&& || ; | &``,
-comments dropped. A command beginning (after ``VAR=value``) with ``python``, ``python3`` or
-``.venv/bin/python`` and ``server.py``, or with ``qa-server``, is a test, id ``FILE:LINE``
-(``#2``: the second on a line). ``docker``/``docker run`` lines begin otherwise and are not
-extracted (no Docker engine here).
+Each command tests/doc_commands.py extracts is a test, id ``FILE:LINE``.
 
 Each runs after the README's set-up (``.venv``; ``saved_models/qa`` and ``embed``, made by
 ``.venv/bin/python prepare_model.py`` if absent) from a stand-in for the repository root: links
@@ -27,19 +22,16 @@ server command in the docs must work or be added there, and a SKIPS row no comma
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import shlex
 import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
-from dataclasses import dataclass
-from functools import cache
-from itertools import dropwhile, groupby
+from itertools import dropwhile
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +40,9 @@ from onnxruntime import get_available_providers
 
 from broker.local_server import RedisServer, free_port, make_certificates
 from client import Client, ConnectionLost
+from tests.doc_commands import ASSIGNMENT, DocCommand, doc_commands
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-PYTHONS = {"python", "python3", ".venv/bin/python", ".venv/bin/python3"}
-FENCE = re.compile(r"^\s*(?:```|~~~)\s*([\w+-]*)")
-SHELL_BLOCKS = {"", "bash", "sh", "shell", "console"}
-SEPARATORS = {"&&", "||", ";", "|", "&"}
-ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
-CANDIDATE = re.compile(r"python3?\s+server\.py|(?:^|[\s/])qa-server(?:\s|$)")
 START_S, STOP_S = 90.0, 30.0  # to be ready (5-20 s on 2 busy cores), to exit once signalled
 INSTALLED = ("the installed package's command (the README's other set-up, `pip install .`; "
              "the one run here installs the requirements): .ci/run runs the wheel's --help")
@@ -67,93 +53,11 @@ SKIPS: dict[str, str] = {  # a command's words, joined by one space -> why it do
     "qa-server": INSTALLED,
     "qa-server --port 8000 --num_inference_sessions 4":
         "the Docker image's arguments (qa-server is the image there); no Docker engine here",
-    ".venv/bin/python server.py --role worker --broker redis://:PW@redis:6379/0 --model_dir "
-    "saved_models/qa --device cuda:0": NEEDS_GPU,
+    ".venv/bin/python server.py --role worker --broker redis://:PW@redis:6379/0 --device cuda:0":
+        NEEDS_GPU,
     ".venv/bin/python server.py --role worker --broker redis://:change-me@redis-host:6379/0 "
     "--device cuda:0": NEEDS_GPU,
 }
-
-
-@dataclass(frozen=True)
-class DocCommand:
-    """One server command of the docs: where it is and its words as written."""
-
-    where: str  # FILE:LINE, #N for the Nth on a line
-    doc: str
-    line: int
-    argv: tuple[str, ...]
-
-    @property
-    def text(self) -> str:
-        return " ".join(self.argv)
-
-    @property
-    def key(self) -> tuple[str, ...]:
-        """What it runs: the same for ``python server.py`` and ``.venv/bin/python server.py``."""
-        return tuple(".venv/bin/python" if word in PYTHONS else word for word in self.argv)
-
-    def flag(self, name: str) -> str | None:
-        """The value of ``name``'s last occurrence, if any."""
-        values = [self.argv[i + 1] for i, word in enumerate(self.argv[:-1]) if word == name]
-        return values[-1] if values else None
-
-    @property
-    def role(self) -> str:
-        if "--help" in self.argv or "-h" in self.argv:
-            return "help"
-        if self.flag("--role") == "worker":
-            return "worker"
-        return "front end" if self.flag("--broker") else "server"
-
-
-def shell_lines(text: str) -> Iterator[tuple[int, str]]:
-    """(line number, text) of each fenced shell line (continuations joined, a ``$ `` prompt
-    dropped) and of each inline span outside fences."""
-    lines, language, i = text.splitlines(), None, 0
-    while i < len(lines):
-        start, line = i + 1, lines[i]
-        if fence := FENCE.match(line):
-            language = fence.group(1).lower() if language is None else None
-        elif language is None:
-            yield from ((start, span) for span in re.findall(r"`([^`]+)`", line))
-        elif language in SHELL_BLOCKS:
-            while line.rstrip().endswith("\\") and i + 1 < len(lines):
-                i += 1
-                line = line.rstrip()[:-1] + " " + lines[i].strip()
-            yield start, line.lstrip().removeprefix("$ ")
-        i += 1
-
-
-def split_commands(text: str) -> list[list[str]]:
-    """The simple commands of a shell line, as words, comments dropped."""
-    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
-    lexer.whitespace_split = True
-    runs = groupby(lexer, lambda word: word in SEPARATORS)
-    return [list(words) for separator, words in runs if not separator]
-
-
-def starts_server(argv: list[str]) -> bool:
-    """Whether ``argv`` runs server.py or qa-server (after any ``VAR=value`` words)."""
-    words = [*dropwhile(ASSIGNMENT.match, argv), "", ""]
-    return (words[0] in PYTHONS and words[1] == "server.py") or \
-        words[0].split("/")[-1] == "qa-server"
-
-
-@cache
-def doc_commands() -> tuple[DocCommand, ...]:
-    """Every server command of the docs, in order."""
-    found: list[DocCommand] = []
-    for path in DOCS:
-        doc = path.relative_to(ROOT).as_posix()
-        for line, text in shell_lines(path.read_text(encoding="utf-8")):
-            if not CANDIDATE.search(text):  # prose, diagrams: not parsed as shell
-                continue
-            for argv in filter(starts_server, split_commands(text)):
-                where = f"{doc}:{line}"
-                same = sum(command.where.split("#")[0] == where for command in found)
-                found.append(DocCommand(where + (f"#{same + 1}" if same else ""), doc, line,
-                                        tuple(argv)))
-    return tuple(found)
 
 
 def skip_of(command: DocCommand) -> str | None:
