@@ -14,7 +14,10 @@ from typing import Any
 import numpy as np
 
 from broker.wire import Feeds
-from workers.executor_wire import FIXED_WIDTH_TASKS, pad_columns
+from workers.executor_wire import pad_columns
+
+#: Tasks whose every output is one value per token (``[rows, length]``).
+PER_TOKEN_TASKS = frozenset({"qa"})
 
 
 class FeedsTask:
@@ -22,15 +25,17 @@ class FeedsTask:
 
     Args:
         input_names: The engine's inputs, in its order.
-        task: The model's task name: outputs of tasks outside ``FIXED_WIDTH_TASKS`` are per
-            token, and go back cut to each request's own width.
+        task: The model's task name: a qa model's outputs are per token, and go back cut to
+            each request's own width. Others go back whole: a task reads outputs as wide as
+            its batch's longest request in one process too, and a plug-in's outputs may be of
+            any width.
         on_batch: Called as each batch leaves the queue.
     """
 
     def __init__(self, input_names: Sequence[str], task: str,
                  on_batch: Callable[[], None] = lambda: None) -> None:
         self.input_names = tuple(input_names)
-        self.per_token = task not in FIXED_WIDTH_TASKS
+        self.per_token = task in PER_TOKEN_TASKS
         self.on_batch = on_batch
 
     def collate(self, batch: Sequence[Feeds]) -> dict[str, np.ndarray]:

@@ -34,18 +34,32 @@ from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, wait_until
 from tests.text_models import build_tiny_classify_dir, build_tiny_embed_dir
 
 TEXTS = [*QUESTIONS, *CONTEXTS[:3]]
-MODELS = ("classify", "embed", "qa", "qa2")
+MODELS = ("classify", "embed", "many", "qa", "qa2")
 
 
 @pytest.fixture(scope="module")
-def repository(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model of each task, and a second QA model (so that a qa request must name one)."""
+def repository(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A model of each task, the plug-in of docs/tasks.md (importable here, in the front end's
+    process, and not in the workers': they run no task code), and a second QA model (so that a
+    qa request must name one)."""
     root = tmp_path_factory.mktemp("brokered")
     shutil.copytree(tiny_model_dir, root / "qa")
     build_tiny_model_dir(root / "qa2", seed=7)
     build_tiny_embed_dir(root / "embed")
     build_tiny_classify_dir(root / "classify")
-    return root
+    plug_ins = tmp_path_factory.mktemp("plug_ins")
+    (plug_ins / "mytasks").mkdir()
+    (plug_ins / "mytasks" / "__init__.py").write_text("")
+    doc = (ROOT / "docs" / "tasks.md").read_text()
+    (plug_ins / "mytasks" / "classify_many.py").write_text(
+        doc.split("# mytasks/classify_many.py\n", 1)[1].split("```", 1)[0])
+    shutil.copytree(root / "classify", root / "many")
+    meta = json.loads((root / "many" / "serving.json").read_text())
+    meta["task"] = "mytasks.classify_many:ClassifyManyTask"
+    (root / "many" / "serving.json").write_text(json.dumps(meta))
+    sys.path.insert(0, str(plug_ins))
+    yield root
+    sys.path.remove(str(plug_ins))
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +104,7 @@ def every_answer(address: Any) -> list[tuple[str, Any]]:
         for i, text in enumerate(TEXTS):
             futures.append(client.submit_op("embed", {"texts": [text, text[:20]]}))
             futures.append(client.submit_op("classify", {"text": text}))
+            futures.append(client.submit_op("classify_many", {"texts": [text, "dull"]}))
             for model in ("qa", "qa2"):
                 futures.append(client.submit(QUESTIONS[i % 6], CONTEXTS[i % 6] * (1 + i % 3),
                                              model=model))
@@ -178,7 +193,8 @@ def test_a_model_no_live_worker_holds_is_unavailable_at_once(
             ping = client.ping(timeout=10)
             models = {m["name"]: m["ready"] for m in client.models(timeout=10)}
         assert ping["ready"] is False  # not every model is served
-        assert models == {"classify": False, "embed": True, "qa": True, "qa2": False}
+        assert models == {"classify": False, "embed": True, "many": False, "qa": True,
+                          "qa2": False}
     finally:
         front.shutdown(10)
         assert stop_worker(worker) == 0
