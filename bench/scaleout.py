@@ -43,7 +43,7 @@ from bench.bench import machine, raw_ceiling, raw_parallel  # noqa: E402
 from bench.frontend import process_tree_cpu_s  # noqa: E402
 from bench.mix import load_mix, load_pairs  # noqa: E402
 from bench.runs import run_closed_loop  # noqa: E402
-from bench.servers import start_server, stop_servers  # noqa: E402
+from bench.servers import start_server, stop_servers, task_model_dir  # noqa: E402
 from broker.local_server import RedisServer  # noqa: E402
 from clients.blocking import Client  # noqa: E402
 from protocol.errors import ServerError  # noqa: E402
@@ -68,23 +68,6 @@ def start_worker(url: str, model_dir: str, kind: str, extra: list[str]) -> subpr
             raise RuntimeError(f"worker did not start (exit {proc.poll()}); see {log.name}")
         time.sleep(0.1)
     return proc
-
-
-def task_model_dir(model_dir: str, task: str) -> str:
-    """The model of ``task`` in ``model_dir``: the folder itself if it is one, else the
-    repository's first model of that task.
-
-    Raises:
-        ValueError: none there.
-    """
-    from engines.model_dir import find_models, load_model_info
-
-    found = find_models(model_dir)
-    for _, folder in found:
-        if load_model_info(folder).task == task:
-            return str(folder)
-    raise ValueError(f"no {task} model in {model_dir} (its models: "
-                     f"{', '.join(n for n, _ in found)})")
 
 
 def wait_workers(port: int, count: int, timeout: float = 60) -> None:

@@ -16,20 +16,28 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def qa_model_dir(model_dir: str) -> str:
-    """The first ``qa`` model of ``model_dir``: the folder itself if it is one, else one of the
-    model repository it is (``prepare_model.py`` writes ``saved_models/qa`` beside
-    ``saved_models/embed``): the QA benchmarks take either, as the server does.
+    """The ``qa`` model of ``model_dir`` (``task_model_dir``): the QA benchmarks take a model
+    folder or a repository, as the server does."""
+    return task_model_dir(model_dir, "qa")
+
+
+def task_model_dir(model_dir: str, task: str) -> str:
+    """The model of ``task`` in ``model_dir``: the folder itself if it is one, else the
+    repository's model named after the task (``prepare_model.py`` writes ``saved_models/qa``
+    beside ``saved_models/embed``), or else its first model of that task.
 
     Raises:
-        ValueError: no ``qa`` model there.
+        ValueError: none there.
     """
     from engines.model_dir import find_models, load_model_info
 
     found = find_models(model_dir)
-    for _, folder in found:
-        if load_model_info(folder).task == "qa":
-            return str(folder)
-    raise ValueError(f"no qa model in {model_dir} (its models: {', '.join(n for n, _ in found)})")
+    ours = [folder for _, folder in found if load_model_info(folder).task == task]
+    named = [folder for folder in ours if folder.name == task]
+    for folder in named or ours:
+        return str(folder)
+    raise ValueError(f"no {task} model in {model_dir} (its models: "
+                     f"{', '.join(n for n, _ in found)})")
 
 
 #: Flags that name a server's layout (else start_server names one process).

@@ -47,6 +47,18 @@ return ids
 """
 
 
+#: Sets KEYS[1] to ARGV[1] (expiring in ARGV[2] ms) unless it holds another value; returns what
+#: it holds then. A front end renews its model's fingerprint so, and never overwrites another's.
+EXPECT_SCRIPT = """
+local held = redis.call('GET', KEYS[1])
+if (not held) or held == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return ARGV[1]
+end
+return held
+"""
+
+
 @dataclass(frozen=True)
 class Keys:
     """The Redis keys of one deployment, all under one prefix (``--broker_prefix``), for one
@@ -122,9 +134,10 @@ def require_expected(client: redis.Redis, keys: Keys, fingerprint: str, folder: 
     Raises:
         RuntimeError: they do (the message is the one line a failed start logs).
     """
-    theirs = client.get(keys.expected)
-    if theirs and theirs.decode() != fingerprint:
+    held = client.get(keys.expected)
+    theirs = held.decode(errors="replace") if held else None
+    if theirs and theirs != fingerprint:
         raise RuntimeError(
             f"model {keys.model!r} of {folder} (fingerprint {fingerprint}) is not the one the "
             f"front ends under prefix {keys.prefix!r} serve by that name (fingerprint "
-            f"{theirs.decode()}): give workers the front ends' prepared model folders")
+            f"{theirs}): give workers the front ends' prepared model folders")

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from broker.wire import Feeds
+from engines.model_dir import ModelInfo
 from workers.executor_wire import pad_columns
 
 #: Tasks whose every output is one value per token (``[rows, length]``).
@@ -25,6 +26,7 @@ class FeedsTask:
 
     Args:
         input_names: The engine's inputs, in its order.
+        output_names: The outputs its task reads (serving.json's): only those go back.
         task: The model's task name: a qa model's outputs are per token, and go back cut to
             each request's own width. Others go back whole: a task reads outputs as wide as
             its batch's longest request in one process too, and a plug-in's outputs may be of
@@ -32,9 +34,9 @@ class FeedsTask:
         on_batch: Called as each batch leaves the queue.
     """
 
-    def __init__(self, input_names: Sequence[str], task: str,
+    def __init__(self, input_names: Sequence[str], output_names: Sequence[str], task: str,
                  on_batch: Callable[[], None] = lambda: None) -> None:
-        self.input_names = tuple(input_names)
+        self.input_names, self.output_names = tuple(input_names), frozenset(output_names)
         self.per_token = task in PER_TOKEN_TASKS
         self.on_batch = on_batch
 
@@ -58,7 +60,8 @@ class FeedsTask:
             ValueError: an output does not have one row per batch row.
         """
         total = sum(feeds.rows for feeds in batch)
-        arrays = {name: np.asarray(value) for name, value in outputs.items()}
+        arrays = {name: np.asarray(value) for name, value in outputs.items()
+                  if name in self.output_names}
         for name, value in arrays.items():
             if value.ndim == 0 or value.shape[0] != total:
                 raise ValueError(f"output {name} must have {total} rows, got {value.shape}")
@@ -76,3 +79,14 @@ class FeedsTask:
     def postprocess(self, feeds: Feeds, outputs: dict[str, np.ndarray]) -> dict[str, Any]:
         """The request's outputs, for the reply entry (the front end chooses the answer)."""
         return {"outputs": outputs}
+
+
+def cannot_run(info: ModelInfo, feeds: Feeds) -> str | None:
+    """Why the model's engine cannot take ``feeds`` (an input it lacks, rows longer than it
+    takes), or None."""
+    missing = set(info.input_names) - set(feeds.arrays)
+    if missing:
+        return f"the inputs lack {sorted(missing)}"
+    if feeds.max_len > info.max_seq_len:
+        return f"rows of {feeds.max_len} tokens; the model takes {info.max_seq_len}"
+    return None

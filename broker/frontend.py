@@ -1,15 +1,13 @@
 """``--broker redis://...``: a model's front end whose work goes to Redis, for workers anywhere.
 
-One ``RedisBackend`` serves one model of the repository (dispatch/models.py routes requests to
-it as to any backend). It frames, validates and tokenizes requests as the in-process server
-does, collates each alone into its engine inputs, then puts one entry per request on the
-model's work stream (broker/wire.py): the requests of one read of a connection go in one round
-trip, through a script that adds them only while the stream holds fewer than ``--max_queue``
-entries (beyond it, ``overloaded`` at once). Workers of that model (broker/worker.py) read the
-stream in one consumer group, batch, run the engine and put each request's engine outputs on
-this front end's own reply stream. One thread reads that stream, turns outputs into answers
-with the model's task and replies to clients; a request is answered once, whatever comes back
-twice. A request while no live worker holds the model is answered ``unavailable`` at once.
+One ``RedisBackend`` serves one model of the repository (dispatch/models.py routes to it). It
+tokenizes requests as the in-process server does, collates each alone into its engine inputs,
+and puts one entry per request on the model's work stream (broker/wire.py): a read's requests
+in one round trip, through a script that adds them only while the stream holds fewer than
+``--max_queue`` entries (beyond it, ``overloaded`` at once). The model's workers (broker/
+worker.py) batch, run the engine and put each request's outputs on this front end's reply
+stream, which one thread reads, answering with the model's task; a request is answered once,
+whatever comes back twice. No live worker holding the model: ``unavailable`` at once.
 
 Redis unreachable: requests are refused with ``unavailable`` at once, the requests in flight
 are answered ``unavailable`` (they may have run; safe to resend), ``ready`` is false, ``ping``
@@ -40,7 +38,7 @@ from broker.connect import (
 from broker.in_flight import GivenUp, InFlight
 from broker.monitor import BrokerMonitor
 from broker.urls import redact
-from broker.wire import FIELD, Reply, decode_reply, encode_work
+from broker.wire import FIELD, Reply, decode_reply, encode_work, feeds_problem
 from engines.model_dir import ModelInfo, model_fingerprint
 from protocol.errors import (
     DeadlineExceeded,
@@ -133,10 +131,9 @@ class RedisBackend:
         pipe = self.client.pipeline(transaction=False)
         pipe.xadd(self.reply_key, {FIELD: b""}, maxlen=1)  # creates it; workers never do
         pipe.pexpire(self.reply_key, REPLY_TTL_MS)
-        pipe.set(self.keys.expected, self.monitor.model or "", px=REPLY_TTL_MS)  # the monitor
-        pipe.execute()  # renews it: workers of another model under this name do not start
+        pipe.execute()
         self._up = True
-        self.monitor.look()
+        self.monitor.look()  # also says which model we serve: workers of another do not start
         log.info("broker %s: work on %s, replies on %s", redact(self.url), self.keys.work,
                  self.reply_key)
 
@@ -160,7 +157,10 @@ class RedisBackend:
         task = self.task
         features = task.features(request)
         feeds = task.collate([features])
-        length = next(iter(feeds.values())).shape[-1]
+        if problem := feeds_problem(feeds):  # a plug-in's, say: a task, not a request, fault
+            raise InternalError(f"model {self.keys.model!r}: its task's engine inputs cannot "
+                                f"go through Redis: {problem}")
+        length = next(iter(feeds.values())).shape[1]
         item = WorkItem(features=features, respond=respond, alive=alive, rows=features.rows,
                         length=length, enqueued_at=enqueued_at, deadline=deadline)
         number = next(self._numbers)

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from broker.connect import BROKER_ERRORS, GROUP, Keys
+from broker.connect import BROKER_ERRORS, EXPECT_SCRIPT, GROUP, Keys
 from telemetry.stats import ServerStats
 
 log = logging.getLogger(__name__)
@@ -39,12 +39,13 @@ class BrokerMonitor(threading.Thread):
             gone (the front end then answers what is in flight and makes it again).
         is_up: Whether the front end believes Redis reachable (no look is made otherwise).
         model: The front end's model fingerprint: workers of another are not counted. It is
-            renewed at ``keys.expected`` at each look, with the reply stream's expiry.
+            renewed at ``keys.expected`` at each look, with the reply stream's expiry, unless
+            another front end's is there (``conflict`` then names that one, logged once).
     """
 
     def __init__(self, client: redis.Redis, keys: Keys, reply_key: str, reply_ttl_ms: int,
                  on_lost: Callable[[str], None], is_up: Callable[[], bool],
-                 model: str | None = None) -> None:
+                 model: str) -> None:
         super().__init__(name="broker-monitor", daemon=True)
         self.client, self.keys, self.reply_key = client, keys, reply_key
         self.reply_ttl_ms = reply_ttl_ms
@@ -59,6 +60,8 @@ class BrokerMonitor(threading.Thread):
         self.gone_figures: dict[str, dict[str, Any]] = {}
         self.folded = ServerStats()
         self.model = model
+        self.conflict: str | None = None  # another front end's fingerprint for this name
+        self._expect = client.register_script(EXPECT_SCRIPT)
         self._told: set[str] = set()  # workers of another model already logged
         self._stop = threading.Event()
 
@@ -74,11 +77,12 @@ class BrokerMonitor(threading.Thread):
         try:
             pipe = self.client.pipeline(transaction=False)
             pipe.pexpire(self.reply_key, self.reply_ttl_ms)
-            pipe.set(self.keys.expected, self.model or "", px=self.reply_ttl_ms)
+            self._expect(keys=[self.keys.expected], args=[self.model, self.reply_ttl_ms],
+                         client=pipe)
             pipe.xlen(self.keys.work)
             pipe.xpending(self.keys.work, GROUP)
             pipe.smembers(self.keys.workers)
-            renewed, _, length, pending, names = pipe.execute(raise_on_error=False)
+            renewed, held, length, pending, names = pipe.execute(raise_on_error=False)
             names = sorted(n.decode() for n in names) if isinstance(names, set) else []
             beats = self.client.mget([self.keys.heartbeat(n) for n in names]) if names else []
         except BROKER_ERRORS as exc:
@@ -88,14 +92,31 @@ class BrokerMonitor(threading.Thread):
             # replies to it are dropped (workers never create it), so what is in flight is lost
             self.on_lost(f"the reply stream {self.reply_key} vanished (expired or evicted)")
             return
+        self._check_expected(held)
         gone = [name for name, beat in zip(names, beats) if beat is None]
         if gone:
             self._forget(gone)
         self.stream_length = length if isinstance(length, int) else 0
         self.pending = pending.get("pending", 0) if isinstance(pending, dict) else 0
-        self.workers = [w for beat in beats if beat is not None
-                        and (w := _parse(beat)).get("model_name") == self.keys.model]
+        parsed = [_parse(beat) for beat in beats if beat is not None]
+        self.workers = [w for w in parsed if w.get("model_name") == self.keys.model]
+        for worker in parsed:  # our model by another name: its stream is not ours
+            if worker.get("model") == self.model and worker.get("model_name") \
+                    and worker["model_name"] != self.keys.model:
+                self._tell(worker, f"holds this front end's model {self.keys.model!r} as "
+                           f"{worker['model_name']!r}: it takes from another stream; give "
+                           "front ends and workers folders of the same name")
         self._remember_figures()
+
+    def _check_expected(self, held: Any) -> None:
+        """Note (and log once) another front end's fingerprint for this model's name."""
+        theirs = held.decode(errors="replace") if isinstance(held, bytes) else self.model
+        conflict = None if theirs == self.model else theirs
+        if conflict is not None and conflict != self.conflict:
+            log.error("another front end under prefix %r serves another model (%s) as %r than "
+                      "this one (%s): give every front end the same prepared model folders",
+                      self.keys.prefix, conflict, self.keys.model, self.model)
+        self.conflict = conflict
 
     def _remember_figures(self) -> None:
         """Swap in new figure maps (readers on other threads see the old ones or the new)."""
@@ -142,19 +163,24 @@ class BrokerMonitor(threading.Thread):
         theirs = worker.get("model")
         if theirs is None or self.model is None or theirs == self.model:
             return True
+        self._tell(worker, f"serves another model ({theirs}) than this front end "
+                   f"({self.model}): not counted, and what it takes is answered 'internal'; "
+                   "give both the same prepared model folder")
+        return False
+
+    def _tell(self, worker: dict[str, Any], what: str) -> None:
+        """Log once per worker that it ``what``."""
         name = str(worker.get("worker"))
         if name not in self._told:
             self._told.add(name)
-            log.error("worker %s serves another model (%s) than this front end (%s): not "
-                      "counted, and what it takes is answered 'internal'; give both the same "
-                      "prepared model folder", name, theirs, self.model)
-        return False
+            log.error("worker %s %s", name, what)
 
     def figures(self) -> dict[str, Any]:
         """The work stream and the workers at the last look (claims and redeliveries summed over
         the live workers)."""
         workers = self.workers
         return {"stream_length": self.stream_length, "pending": self.pending,
+                "model_conflict": self.conflict,
                 "workers": len(workers), "serving_workers": self.serving_workers,
                 "claims": sum(w.get("claims", 0) for w in workers),
                 "redeliveries": sum(w.get("redeliveries", 0) for w in workers)}

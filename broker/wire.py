@@ -39,6 +39,17 @@ import numpy as np
 FIELD = b"m"
 #: Integer types an integer array may travel in, narrowest first.
 NARROW = (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32)
+#: Kinds of arrays an entry may carry: booleans, integers, floats; at most 4 dimensions.
+KINDS, MAX_DIMS = "biuf", 4
+
+
+class BadWork(ValueError):
+    """A work entry whose reply stream and number could be read, and nothing else: its front
+    end is answered this error's message, typed ``internal``."""
+
+    def __init__(self, reply_to: str, number: int, message: str) -> None:
+        super().__init__(message)
+        self.reply_to, self.number = reply_to, number
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,15 +95,41 @@ def pack_array(value: np.ndarray) -> list[Any]:
     return [value.dtype.str, wire.str, list(value.shape), data]
 
 
-def unpack_array(packed: list[Any]) -> np.ndarray:
-    """The array of a wire's ``[dtype, wire dtype, shape, bytes]``.
+def unpack_array(packed: Any) -> np.ndarray:
+    """The array of a wire's ``[dtype, wire dtype, shape, bytes]``: booleans, integers or
+    floats of at most 8 bytes and ``MAX_DIMS`` dimensions of at least 1, whose bytes fill its
+    shape exactly (so no entry makes an array more than 8 times its own size).
 
     Raises:
-        ValueError: the parts do not make an array.
+        ValueError: the parts do not make such an array.
     """
-    dtype, wire, shape, data = packed
-    value = np.frombuffer(data, dtype=np.dtype(wire)).reshape([int(n) for n in shape])
-    return value if value.dtype == np.dtype(dtype) else value.astype(np.dtype(dtype))
+    if not isinstance(packed, list | tuple) or len(packed) != 4:
+        raise ValueError("an array is [dtype, wire dtype, shape, bytes]")
+    dtype, wire, shape, data = _dtype(packed[0]), _dtype(packed[1]), packed[2], packed[3]
+    if not isinstance(shape, list | tuple) or not 0 < len(shape) <= MAX_DIMS \
+            or not all(isinstance(n, int) and n > 0 for n in shape):
+        raise ValueError(f"bad shape {shape!r}")
+    if not isinstance(data, bytes) or len(data) != int(np.prod(shape)) * wire.itemsize:
+        raise ValueError(f"{len(data) if isinstance(data, bytes) else 'no'} bytes for shape "
+                         f"{list(shape)} of {wire}")
+    value = np.frombuffer(data, dtype=wire).reshape(shape)
+    return value.astype(dtype) if value.dtype != dtype else value.copy()
+
+
+def _dtype(text: Any) -> np.dtype:
+    """The plain numeric dtype ``text`` names.
+
+    Raises:
+        ValueError: not one (a structured, subarray or object dtype, say).
+    """
+    try:
+        dtype = np.dtype(text) if isinstance(text, str) else None
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind not in KINDS or dtype.subdtype is not None \
+            or dtype.fields is not None or dtype.itemsize > 8:
+        raise ValueError(f"not a numeric dtype: {str(text)[:40]!r}")
+    return dtype
 
 
 def pack_arrays(arrays: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
@@ -129,25 +166,40 @@ def decode_work(payload: bytes) -> Work:
     """The work entry in ``payload``.
 
     Raises:
-        ValueError: not a work entry of this format (the message says what is wrong).
+        BadWork: its reply stream and number are readable, the rest is not (or is not engine
+            inputs: arrays of one shape, ``[rows, width]``, rows at least 1).
+        ValueError: not even those are readable.
     """
     try:
         entry = msgpack.unpackb(payload)
+        reply_to, number = str(entry["r"]), int(entry["i"])
+    except Exception as exc:  # noqa: BLE001 - whatever the bytes: not a work entry
+        raise ValueError(f"not a work entry: {type(exc).__name__}: {exc}") from exc
+    try:
         arrays = unpack_arrays(entry["f"])
         deadline = entry.get("d")
-        work = Work(reply_to=str(entry["r"]), number=int(entry["i"]), feeds=Feeds(arrays),
+        work = Work(reply_to=reply_to, number=number, feeds=Feeds(arrays),
                     enqueued_at=to_monotonic(float(entry["t"])),
                     deadline=None if deadline is None else to_monotonic(float(deadline)),
                     taken_at=time.monotonic(),
                     model=None if entry.get("m") is None else str(entry["m"]))
-    except (ValueError, TypeError, KeyError, msgpack.UnpackException) as exc:
-        raise ValueError(f"not a work entry: {type(exc).__name__}: {exc}") from exc
-    shapes = {value.shape[:2] for value in arrays.values()}
-    if len(shapes) != 1 or any(value.ndim != 2 for value in arrays.values()) \
-            or work.feeds.rows == 0:
-        raise ValueError(f"inconsistent work entry: inputs of shapes "
-                         f"{ {name: value.shape for name, value in arrays.items()} }")
+    except Exception as exc:  # noqa: BLE001 - whatever the bytes: answered, not run
+        raise BadWork(reply_to, number, f"unreadable work entry: {type(exc).__name__}: "
+                      f"{str(exc)[:200]}") from exc
+    if problem := feeds_problem(arrays):
+        raise BadWork(reply_to, number, f"not engine inputs: {problem}")
     return work
+
+
+def feeds_problem(feeds: Mapping[str, np.ndarray]) -> str | None:
+    """What makes ``feeds`` something the Redis layout cannot carry as one request's engine
+    inputs (arrays of one shape, ``[rows, width]``, at least one row), or None."""
+    shapes = {name: tuple(np.shape(value)) for name, value in feeds.items()}
+    if not shapes or len(set(shapes.values())) != 1 or any(len(s) != 2 for s in shapes.values()):
+        return f"inputs must be [rows, width] arrays of one shape, got {shapes}"
+    if any(s[0] == 0 for s in shapes.values()):
+        return "no rows"
+    return None
 
 
 def encode_answer(number: int, outputs: Mapping[str, np.ndarray], held_s: float) -> bytes:
@@ -178,7 +230,7 @@ class Reply:
         Raises:
             ValueError: unreadable, or an output without ``rows`` rows.
         """
-        arrays = unpack_arrays(self.packed)
+        arrays = unpack_arrays(self.packed)  # copies: a task may write into its outputs
         for name, value in arrays.items():
             if value.ndim == 0 or value.shape[0] != rows:
                 raise ValueError(f"output {name} has shape {value.shape}, not {rows} rows")

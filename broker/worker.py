@@ -19,7 +19,6 @@ again.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -34,6 +33,7 @@ import redis
 
 from broker.connect import (
     BLOCK_S,
+    BROKER_ERRORS,
     GROUP,
     Keys,
     connect,
@@ -41,10 +41,11 @@ from broker.connect import (
     first_connect,
     require_expected,
 )
-from broker.feeds_task import FeedsTask
+from broker.feeds_task import FeedsTask, cannot_run
 from broker.outbox import ReplyOutbox
+from broker.presence import HEARTBEAT_S, announce, leave
 from broker.urls import redact
-from broker.wire import FIELD, Work, decode_work, encode_answer, encode_error
+from broker.wire import FIELD, BadWork, Work, decode_work, encode_answer, encode_error
 from engines.base import Engine
 from engines.model_dir import ModelInfo, model_fingerprint
 from protocol.errors import InternalError, ServerError, WorkerLost
@@ -67,9 +68,6 @@ log = logging.getLogger("worker")
 
 #: Deliveries after which an entry is answered ``worker_lost`` instead of run again.
 MAX_DELIVERIES = 3
-#: Heartbeat period, and how long one stays valid.
-HEARTBEAT_S = 1.0
-HEARTBEAT_TTL_MS = 5000
 #: Recent timing samples a heartbeat carries, per timing (front ends take percentiles over them).
 HEARTBEAT_SAMPLES = 512
 #: Seconds a worker takes no work after it was given work of another model.
@@ -130,13 +128,13 @@ class RedisWorker:
         """
         url = redact(self.config.broker or "")
         first_connect(self._connect, self.config.broker or "", "will take work once it is")
-        if self._up:
-            require_expected(self.client, self.keys, self.model, self.config.model_dir)
+        self.check_expected()
         log.info("worker %s: loading %s into %d %s sessions, then taking work from %s on %s",
                  self.name, model_label(self.config), self.config.num_inference_sessions,
                  self.config.inference_engine_type, self.keys.work, url)
         longest = min(self.config.max_seq_len, self.info.max_seq_len)
-        task = FeedsTask(self.info.input_names, self.info.task, self._room_changed)
+        task = FeedsTask(self.info.input_names, self.info.output_names, self.info.task,
+                         self._room_changed)
         self.pool = session_pool(self.config, self.engine_factory, task, self.queue, self.policy,
                                  self.stats, padded_lengths(self.config.bucket_lengths(), longest),
                                  longest)
@@ -150,6 +148,14 @@ class RedisWorker:
         for thread in self._threads:
             thread.start()
         log.info("worker %s serving: work from %s on %s", self.name, self.keys.work, url)
+
+    def check_expected(self) -> None:
+        """Raise RuntimeError where the front ends serve another model by our model's name
+        (where Redis can be reached now)."""
+        try:
+            require_expected(self.client, self.keys, self.model, self.config.model_dir)
+        except BROKER_ERRORS:
+            pass  # unreachable: start() waits for it
 
     def _connect(self) -> None:
         ensure_group(self.client, self.keys)
@@ -245,21 +251,22 @@ class RedisWorker:
         return True
 
     def _give_up(self, entry: tuple[bytes, dict[bytes, bytes]]) -> None:
-        work = self._decode(entry)
         self._held_add(1)
-        self.outbox.put(entry[0], work.reply_to if work else None, encode_error(
-            work.number, WorkerLost.code, f"workers died {MAX_DELIVERIES} times running this "
-            "request; it is not run again") if work else None)
+        work = self._decode(entry)  # settled already where None
+        if work is not None:
+            self.outbox.put(entry[0], work.reply_to, encode_error(
+                work.number, WorkerLost.code, f"workers died {MAX_DELIVERIES} times running "
+                "this request; it is not run again"))
 
     def _take(self, entries: list[tuple[bytes, dict[bytes, bytes] | None]]) -> None:
         """Queue each entry for the sessions; settle at once those that cannot run."""
         now = time.monotonic()
         self._held_add(len(entries))
         for entry_id, fields in entries:
-            work = self._decode((entry_id, fields))
+            work = self._decode((entry_id, fields))  # settled already where None
             if work is None:
-                self.outbox.put(entry_id, None, None)
-            elif work.model is not None and work.model != self.model:
+                continue
+            if work.model is not None and work.model != self.model:
                 self._wrong_model(entry_id, work)
             elif work.deadline is not None and work.deadline <= now:
                 self.counts["expired"] += 1
@@ -286,12 +293,27 @@ class RedisWorker:
             f"({self.model}) than the front end ({work.model})"))
 
     def _decode(self, entry: tuple[bytes, dict[bytes, bytes] | None]) -> Work | None:
+        """The entry's work; None where it cannot run, which is then settled: answered
+        ``internal`` where its front end can be told, else dropped."""
         try:
-            return decode_work((entry[1] or {}).get(FIELD, b""))
-        except ValueError as exc:
-            self.counts["unreadable"] += 1
-            log.error("dropping unreadable work entry %s: %s", entry[0], exc)
-            return None
+            work = decode_work((entry[1] or {}).get(FIELD, b""))
+            problem = cannot_run(self.info, work.feeds)
+        except BadWork as exc:
+            work, problem = None, str(exc)
+            reply: tuple[str | None, bytes | None] = (exc.reply_to, encode_error(
+                exc.number, InternalError.code, f"worker {self.name}: {exc}"))
+        except Exception as exc:  # noqa: BLE001 - nobody to answer: dropped
+            work, problem, reply = None, f"{type(exc).__name__}: {exc}", (None, None)
+        else:
+            if problem is None:
+                return work
+            reply = (work.reply_to, encode_error(work.number, InternalError.code,
+                                                 f"worker {self.name}: {problem}"))
+        self.counts["unreadable"] += 1
+        log.error("work entry %s cannot run (%s): %s", entry[0],
+                  "answered 'internal'" if reply[0] else "dropped", problem)
+        self.outbox.put(entry[0], *reply)
+        return None
 
     # -- answering -----------------------------------------------------------------------------
     def _answer(self, entry_id: bytes, work: Work, result: dict[str, Any] | None,
@@ -342,16 +364,7 @@ class RedisWorker:
                 return
 
     def _send_heartbeat(self) -> None:
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.set(self.keys.heartbeat(self.name), json.dumps(self.heartbeat()),
-                     px=HEARTBEAT_TTL_MS)
-            pipe.sadd(self.keys.workers, self.name)
-            pipe.execute()
-        except redis.RedisError:
-            pass  # the reader reports the broker's absence
-        except Exception:  # noqa: BLE001 - a bug of ours must not silence the heartbeat
-            log.exception("sending the heartbeat failed; going on")
+        announce(self.client, self.keys, self.name, self.heartbeat)
 
     @property
     def healthy(self) -> bool:
@@ -380,16 +393,7 @@ class RedisWorker:
         return drained
 
     def _leave(self, drained: bool) -> None:
-        """Remove our heartbeat; leave the group if we hold nothing (else others claim it)."""
-        try:
-            self.client.delete(self.keys.heartbeat(self.name))
-            self.client.srem(self.keys.workers, self.name)
-            if drained and not self.client.xpending_range(self.keys.work, GROUP, min="-",
-                                                          max="+", count=1,
-                                                          consumername=self.name):
-                self.client.xgroup_delconsumer(self.keys.work, GROUP, self.name)
-        except redis.RedisError as exc:
-            log.warning("could not say goodbye to the broker: %s", exc)
+        leave(self.client, self.keys, self.name, drained)
 
 
 def _text(value: bytes | str) -> str:

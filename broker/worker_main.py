@@ -9,7 +9,8 @@ import logging
 import threading
 from dataclasses import replace
 
-from broker.worker import HEARTBEAT_S, RedisWorker
+from broker.presence import HEARTBEAT_S
+from broker.worker import RedisWorker
 from engines.model_dir import find_models, load_model_info
 from scheduling.waits import StartCancelled
 from settings.server_config import ServerConfig
@@ -36,24 +37,26 @@ def chosen_models(config: ServerConfig) -> list[tuple[str, str]]:
 
 
 def start_workers(config: ServerConfig, stop: threading.Event) -> list[RedisWorker]:
-    """A started ``RedisWorker`` for each model this worker holds, one after another.
+    """A started ``RedisWorker`` for each model this worker holds, one after another, once
+    every one of them is known to be the model the front ends serve by its name.
 
     Raises:
         StartCancelled: ``stop`` was set first (those started are stopped).
         Exception: a model could not start (those started are stopped).
     """
-    workers: list[RedisWorker] = []
+    chosen = [RedisWorker(replace(config, model_dir=folder), load_model_info(folder), name)
+              for name, folder in chosen_models(config)]
+    for worker in chosen:  # before any loads and takes work: a mismatch fails the start alone
+        worker.check_expected()
+    started: list[RedisWorker] = []
     try:
-        for name, folder in chosen_models(config):
-            model_config = replace(config, model_dir=folder)
-            worker = RedisWorker(model_config, load_model_info(folder), name)
+        for worker in chosen:
             worker.start(cancel=stop)
-            workers.append(worker)
+            started.append(worker)
     except BaseException:
-        for worker in workers:
-            worker.stop(config.shutdown_timeout_s)
+        _stop_all(started, config.shutdown_timeout_s)
         raise
-    return workers
+    return chosen
 
 
 def run_worker(config: ServerConfig, stop: threading.Event) -> int:
@@ -61,8 +64,8 @@ def run_worker(config: ServerConfig, stop: threading.Event) -> int:
     out or replies lost with the broker, 2: could not start, 3: a thread of its own died).
 
     Raises:
-        StartCancelled: ``stop`` was set before the worker took work (its sessions may still
-            be loading; nothing else runs).
+        StartCancelled: ``stop`` was set before every model's worker took work (those that
+            had are drained; the others' sessions may still be loading).
     """
     try:
         workers = start_workers(config, stop)

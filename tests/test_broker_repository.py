@@ -18,11 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
+import numpy as np
 import pytest
 import redis
 
 from broker.connect import GROUP
 from broker.local_server import RedisServer
+from broker.wire import decode_reply, encode_work
 from client import Client
 from console.stats import format_stats
 from protocol import BadRequest, Unavailable, encode_frame, qa_request
@@ -88,12 +91,15 @@ def front_end(url: str, repository: Path, **overrides: Any) -> InferenceServer:
 def deployment(redis_server: RedisServer, repository: Path) -> Iterator[InferenceServer]:
     """A front end of the whole repository and one worker holding every model."""
     worker = start_worker(redis_server.url, repository)
-    front = front_end(redis_server.url, repository)
     try:
-        wait_until(lambda: all(serving(front, name, 1) for name in MODELS) and front.ready, 90)
-        yield front
+        front = front_end(redis_server.url, repository)
+        try:
+            wait_until(lambda: all(serving(front, name, 1) for name in MODELS) and front.ready,
+                       90)
+            yield front
+        finally:
+            front.shutdown(10)
     finally:
-        front.shutdown(10)
         assert stop_worker(worker) == 0
 
 
@@ -178,12 +184,34 @@ def test_each_model_has_its_own_broker_figures_in_stats_and_metrics(
             assert f'qa_server_{family}{{model="{name}"}}' in text, family
 
 
+def test_an_entry_a_worker_cannot_run_is_answered_internal_and_the_worker_serves_on(
+        deployment: InferenceServer, redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    client.xadd("qa:replies:probe", {"m": b""})  # workers never create a reply stream
+    too_long = {"input_ids": np.ones((1, 100_000), np.int64),  # longer than the model takes
+                "attention_mask": np.ones((1, 100_000), np.int64),
+                "token_type_ids": np.zeros((1, 100_000), np.int64)}
+    one_dim = msgpack.packb({"r": "qa:replies:probe", "i": 2, "t": time.time(),
+                             "f": {"input_ids": ["<i8", "|u1", [3], b"\x01\x02\x03"]}})
+    client.xadd("qa:work:embed", {"m": encode_work("qa:replies:probe", 1, too_long,
+                                                   time.monotonic(), None)})
+    client.xadd("qa:work:embed", {"m": one_dim})
+    wait_until(lambda: client.xlen("qa:replies:probe") == 3, 30)
+    replies = {r.number: r for r in (decode_reply(fields[b"m"]) for _, fields
+                                     in client.xrange("qa:replies:probe")[1:])}
+    assert replies[1].code == replies[2].code == "internal"
+    assert "the model takes 128" in replies[1].message and "[rows, width]" in replies[2].message
+    with Client(*deployment.address) as conn:
+        assert conn.call("embed", {"texts": ["still serving"]}, timeout=30)["embeddings"]
+
+
 def test_a_model_no_live_worker_holds_is_unavailable_at_once(
         redis_server: RedisServer, repository: Path) -> None:
     worker = start_worker(redis_server.url, repository, "--models", "qa,embed",
                           "--broker_prefix", "some")
-    front = front_end(redis_server.url, repository, broker_prefix="some")
+    front = None
     try:
+        front = front_end(redis_server.url, repository, broker_prefix="some")
         wait_until(lambda: serving(front, "qa", 1) and serving(front, "embed", 1), 90)
         with Client(*front.address) as client:
             assert client.call("embed", {"texts": ["held"]}, timeout=30)["embeddings"]
@@ -196,14 +224,15 @@ def test_a_model_no_live_worker_holds_is_unavailable_at_once(
         assert models == {"classify": False, "embed": True, "many": False, "qa": True,
                           "qa2": False}
     finally:
-        front.shutdown(10)
+        if front is not None:
+            front.shutdown(10)
         assert stop_worker(worker) == 0
 
 
 def test_a_worker_of_another_model_under_a_served_name_does_not_start(
         redis_server: RedisServer, repository: Path, tmp_path: Path) -> None:
-    front = front_end(redis_server.url, repository, broker_prefix="mismatch")
     other = build_tiny_model_dir(tmp_path / "qa", seed=3)  # named qa; not the front ends' qa
+    front = front_end(redis_server.url, repository, broker_prefix="mismatch")
     try:
         done = subprocess.run(
             [sys.executable, "server.py", "--role", "worker", "--broker", redis_server.url,
@@ -257,8 +286,9 @@ def test_a_worker_killed_holding_entries_of_two_models_loses_none_and_answers_no
         redis_server: RedisServer, repository: Path) -> None:
     flags = ("--models", "qa,embed", "--broker_prefix", "kill")
     workers = [start_worker(redis_server.url, repository, *flags) for _ in range(2)]
-    front = front_end(redis_server.url, repository, broker_prefix="kill")
+    front = None
     try:
+        front = front_end(redis_server.url, repository, broker_prefix="kill")
         wait_until(lambda: serving(front, "qa", 2) and serving(front, "embed", 2), 90)
         total, victim = 400, workers[0]
         frames = [encode_frame(qa_request(i, QUESTIONS[i % 6], CONTEXTS[i % 6] * 8, model="qa"))
@@ -276,7 +306,8 @@ def test_a_worker_killed_holding_entries_of_two_models_loses_none_and_answers_no
             conn.recv_message()
         conn.close()
     finally:
-        front.shutdown(10)
+        if front is not None:
+            front.shutdown(10)
         for worker in workers:
             if worker.poll() is None:
                 stop_worker(worker)

@@ -307,8 +307,8 @@ def outcomes(request: pytest.FixtureRequest,
                                      for n in lane}, lanes)
         results = {n: errors for lane in ran for n, errors in lane.items()}
     by_key: dict[tuple[str, ...], str | None] = {}
-    for n, (server, worker) in enumerate(units):
-        by_key[server.key] = results[n][0]
+    for n, (server, worker) in enumerate(units):  # a front end of several units: any error
+        by_key[server.key] = by_key.get(server.key) or results[n][0]
         if worker is not None:
             by_key[worker.key] = results[n][1]
     return {command.where: by_key[command.key] for command in selected if command.key in by_key}
