@@ -8,13 +8,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
+from broker.local_server import RedisServer
 from server import InferenceServer, ServerConfig
-from tests.helpers import wait_until
+from tests.helpers import RawConnection, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,3 +79,23 @@ def settled(client: redis.Redis, model_dir: Path | str, seconds: float = 30) -> 
     while client.xlen(work_key(model_dir)):
         assert time.monotonic() < deadline, "the work stream never emptied"
         time.sleep(0.05)
+
+
+def running_redis(folder: Path) -> Iterator[RedisServer]:
+    """A throwaway redis-server in ``folder`` while the generator runs (a fixture's body)."""
+    server = RedisServer(folder)
+    server.start()
+    yield server
+    server.stop()
+
+
+def assert_answered_once_each(conn: RawConnection, total: int) -> dict[int, dict[str, Any]]:
+    """Every one of ``total`` requests on ``conn`` answered without error, and nothing more
+    comes within a second (no request answered twice); the replies by id."""
+    replies = conn.recv_replies(total)  # asserts one reply per id
+    assert all(reply.get("error") is None for reply in replies.values()), \
+        [r for r in replies.values() if r.get("error")][:3]
+    conn.sock.settimeout(1.0)
+    with pytest.raises(TimeoutError):
+        conn.recv_message()
+    return replies

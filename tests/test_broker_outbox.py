@@ -14,6 +14,7 @@ from broker.connect import GROUP, Keys, connect, ensure_group
 from broker.local_server import RedisServer
 from broker.outbox import ReplyOutbox
 from broker.wire import FIELD
+from tests.broker_fixtures import running_redis
 from tests.helpers import wait_until
 from transport.coalesce import coalesced_sends
 
@@ -22,10 +23,7 @@ REPLIES = "qa:replies:test"
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis-outbox"))
-    server.start()
-    yield server
-    server.stop()
+    yield from running_redis(tmp_path_factory.mktemp("redis-outbox"))
 
 
 @pytest.fixture()

@@ -31,7 +31,13 @@ from console.stats import format_stats
 from protocol import BadRequest, Unavailable, encode_frame, qa_request
 from protocol.messages import model_request
 from server import InferenceServer, ServerConfig
-from tests.broker_fixtures import ROOT, start_worker, stop_worker
+from tests.broker_fixtures import (
+    ROOT,
+    assert_answered_once_each,
+    running_redis,
+    start_worker,
+    stop_worker,
+)
 from tests.conftest import build_tiny_model_dir
 from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, wait_until
 from tests.text_models import build_tiny_classify_dir, build_tiny_embed_dir
@@ -67,10 +73,7 @@ def repository(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
+    yield from running_redis(tmp_path_factory.mktemp("redis"))
 
 
 def serving(front: InferenceServer, model: str, workers: int) -> bool:
@@ -298,12 +301,7 @@ def test_a_worker_killed_holding_entries_of_two_models_loses_none_and_answers_no
         conn.send_raw(b"".join(frames))
         freeze_holding_two_models(redis_server.client(), victim.pid)
         os.kill(victim.pid, signal.SIGKILL)
-        replies = conn.recv_replies(total)  # asserts one reply per id
-        assert all(reply.get("error") is None for reply in replies.values()), \
-            [r for r in replies.values() if r.get("error")][:3]
-        conn.sock.settimeout(1.0)  # and nothing more comes: no request answered twice
-        with pytest.raises(TimeoutError):
-            conn.recv_message()
+        assert_answered_once_each(conn, total)
         conn.close()
     finally:
         if front is not None:
