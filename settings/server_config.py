@@ -19,6 +19,7 @@ from protocol import DEFAULT_MAX_FRAME_SIZE
 from protocol.limits import FieldLimits
 from settings.choices import OWNED, Owned, SettingRegistry
 from settings.cli import HelpFormatter
+from settings.config_file import CONFIG_FLAG, ConfigFileError, with_config_file
 
 
 def option(default: Any, help: str, *, flag: str | None = None,
@@ -336,24 +337,49 @@ def build_parser(description: str | None,
 
 def parse_args(description: str | None, argv: list[str] | None = None, *,
                registry: SettingRegistry) -> ServerConfig:
-    """Command-line options -> ServerConfig (one flag per config field); sets up logging."""
-    parser = build_parser(description, registry)
-    parser.add_argument("--log_level", default="INFO",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log detail")
+    """Command-line options (and a ``--config`` file's, under them) -> ServerConfig (one flag
+    per config field); sets up logging."""
+    parser = full_parser(description, registry)
+    try:
+        argv = with_config_file(sys.argv[1:] if argv is None else argv, flags_of(parser))
+    except ConfigFileError as exc:
+        parser.error(str(exc))
     args = vars(parser.parse_args(argv))
+    args.pop("config")
     logging.basicConfig(level=args.pop("log_level"),
                         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
     return config_from_args(parser, args, registry)
 
 
+def full_parser(description: str | None, registry: SettingRegistry) -> argparse.ArgumentParser:
+    """``build_parser``'s, with ``--log_level`` and ``--config``."""
+    parser = build_parser(description, registry)
+    parser.add_argument("--log_level", default="INFO",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log detail")
+    parser.add_argument(CONFIG_FLAG, metavar="FILE", help="settings from a TOML file of "
+                        "name = value lines, the names flags without their dashes (what qa-tune "
+                        "--out writes); flags given here win over it")
+    return parser
+
+
 def given_settings(argv: list[str] | None, registry: SettingRegistry) -> set[str]:
     """The settings the command line ``argv`` (default: this process's) gives a value, by
-    their names: what the server must not choose for itself."""
-    parser = build_parser(None, registry)
+    their names, a ``--config`` file's included: what the server must not choose for itself."""
+    parser = full_parser(None, registry)
     for action in parser._actions:  # no defaults: only what the command line gives is set
         action.default = argparse.SUPPRESS
-    known, _ = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    try:  # parse_args has refused a bad file already
+        argv = with_config_file(sys.argv[1:] if argv is None else argv, flags_of(parser))
+    except ConfigFileError:
+        argv = []
+    known, _ = parser.parse_known_args(argv)
     return set(vars(known))
+
+
+def flags_of(parser: argparse.ArgumentParser) -> set[str]:
+    """Every long flag ``parser`` takes."""
+    return {flag for action in parser._actions for flag in action.option_strings
+            if flag.startswith("--")}
 
 
 def config_from_args(parser: argparse.ArgumentParser, args: dict[str, Any],
