@@ -373,7 +373,7 @@ def given_settings(argv: list[str] | None, registry: SettingRegistry) -> set[str
     except ConfigFileError:
         argv = []
     known, _ = parser.parse_known_args(argv)
-    return set(vars(known))
+    return set(vars(known)) & {f.name for f in fields(ServerConfig)}
 
 
 def flags_of(parser: argparse.ArgumentParser) -> set[str]:
