@@ -65,9 +65,9 @@ class Feeds:
 
     @property
     def max_len(self) -> int:
-        """Its padded length: the width of its arrays."""
-        first = next(iter(self.arrays.values()))
-        return int(first.shape[1]) if first.ndim > 1 else 1
+        """Its padded length: the width of its arrays (``[rows, width]``, as decode_work
+        checks)."""
+        return int(next(iter(self.arrays.values())).shape[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +98,8 @@ def pack_array(value: np.ndarray) -> list[Any]:
 def unpack_array(packed: Any) -> np.ndarray:
     """The array of a wire's ``[dtype, wire dtype, shape, bytes]``: booleans, integers or
     floats of at most 8 bytes and ``MAX_DIMS`` dimensions of at least 1, whose bytes fill its
-    shape exactly (so no entry makes an array more than 8 times its own size).
+    shape exactly (so no entry makes an array more than 8 times its own size). Where it
+    travelled in its own dtype it is a read-only view of ``bytes``, not a copy.
 
     Raises:
         ValueError: the parts do not make such an array.
@@ -113,7 +114,7 @@ def unpack_array(packed: Any) -> np.ndarray:
         raise ValueError(f"{len(data) if isinstance(data, bytes) else 'no'} bytes for shape "
                          f"{list(shape)} of {wire}")
     value = np.frombuffer(data, dtype=wire).reshape(shape)
-    return value.astype(dtype) if value.dtype != dtype else value.copy()
+    return value.astype(dtype) if value.dtype != dtype else value
 
 
 def _dtype(text: Any) -> np.dtype:
@@ -230,7 +231,8 @@ class Reply:
         Raises:
             ValueError: unreadable, or an output without ``rows`` rows.
         """
-        arrays = unpack_arrays(self.packed)  # copies: a task may write into its outputs
+        arrays = {name: value if value.flags.writeable else value.copy()  # a task may write
+                  for name, value in unpack_arrays(self.packed).items()}  # into its outputs
         for name, value in arrays.items():
             if value.ndim == 0 or value.shape[0] != rows:
                 raise ValueError(f"output {name} has shape {value.shape}, not {rows} rows")
