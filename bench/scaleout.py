@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench import machine, raw_ceiling, raw_parallel  # noqa: E402
 from bench.frontend import process_tree_cpu_s  # noqa: E402
+from bench.loadgen import send  # noqa: E402
 from bench.mix import load_mix, load_pairs  # noqa: E402
 from bench.runs import run_closed_loop  # noqa: E402
 from bench.servers import start_server, stop_servers, task_model_dir  # noqa: E402
@@ -83,14 +84,6 @@ def wait_workers(port: int, count: int, timeout: float = 60) -> None:
             time.sleep(0.2)
 
 
-def ask(client: Client, task: str, item: Any) -> None:
-    """One request of ``task``'s mix, waited for."""
-    if task == "qa":
-        client.answer(*item, timeout=120)
-    else:
-        client.call(task, item, timeout=120)
-
-
 def one_client_latency(task: str, kind: str, model_dir: str, url: str, items: list[Any],
                        requests: int, sets: int, flags: list[str]) -> list[dict[str, Any]]:
     """Latency at 1 client, in-process against front end + 1 worker, request by request.
@@ -124,15 +117,15 @@ def _interleaved(task: str, kind: str, index: int, direct_port: int, front_port:
     errors = 0
     with Client("127.0.0.1", direct_port) as direct, Client("127.0.0.1", front_port) as front:
         for item in items[:8]:  # warm-up, not counted
-            ask(direct, task, item)
-            ask(front, task, item)
+            send(direct, item, task).result(timeout=120)
+            send(front, item, task).result(timeout=120)
         for n in range(requests):
             item = items[n % len(items)]
             order = [("in-process", direct), ("redis", front)]
             for layout, client in order if n % 2 == 0 else order[::-1]:
                 started = time.perf_counter()
                 try:
-                    ask(client, task, item)
+                    send(client, item, task).result(timeout=120)
                 except ServerError:
                     errors += 1
                     continue

@@ -5,12 +5,14 @@ from __future__ import annotations
 import shutil
 import socket
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from console.cli import read_address_file
 from engines.base import Engine
 from protocol import FrameDecoder, encode_frame, qa_request
 
@@ -151,6 +153,17 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition never became true"
         time.sleep(0.01)
+
+
+def wait_for_address(path: Path, process: subprocess.Popen[Any], timeout: float,
+                     what: str = "the server") -> tuple[str, int]:
+    """Until the server ``process`` writes its ``--address_file`` at ``path`` (it must not exit
+    meanwhile); its (host, port)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None and time.monotonic() < deadline, f"{what} did not serve"
+        time.sleep(0.1)
+    return read_address_file(str(path))
 
 
 def nan_model_dir(tiny_model_dir: Path, out: Path) -> Path:

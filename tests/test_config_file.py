@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from client import Client
 from server import setting_registry
 from settings.server_config import given_settings, parse_args
+from tests.helpers import wait_for_address
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,13 +80,9 @@ def test_server_py_serves_with_the_file_s_settings_under_the_command_line_s(
          str(address), "--log_level", "WARNING"], cwd=ROOT,
         env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
-        deadline = time.monotonic() + 90
-        while not address.exists():
-            assert process.poll() is None and time.monotonic() < deadline, "never served"
-            time.sleep(0.1)
-        host, port = address.read_text().strip().rsplit(":", 1)
-        assert port != "1"  # --port 0 on the command line won over the file's port
-        with Client(host, int(port)) as client:
+        host, port = wait_for_address(address, process, 90)
+        assert port != 1  # --port 0 on the command line won over the file's port
+        with Client(host, port) as client:
             settings = client.stats(timeout=30)["config"]
         assert settings["max_batch_size"] == 3 and settings["num_inference_sessions"] == 1
         assert settings["model_dir"] == str(tiny_model_dir)

@@ -16,14 +16,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import zipfile
 from email.parser import Parser
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import CONTEXTS, QUESTIONS
+from tests.helpers import CONTEXTS, QUESTIONS, wait_for_address
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {"qa-server": "server:main", "qa-client": "client:main",
@@ -124,11 +123,8 @@ def test_the_installed_commands_serve_away_from_the_checkout(wheel: Path, tiny_m
          "--workers", "2", "--num_inference_sessions", "1", "--address_file", str(address_file)],
         cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not address_file.exists():
-            assert server.poll() is None and time.monotonic() < deadline, "qa-server did not serve"
-            time.sleep(0.1)
-        host, port = address_file.read_text().strip().rsplit(":", 1)
+        host, number = wait_for_address(address_file, server, 120, "qa-server")
+        port = str(number)
         asked = command("qa-client", "--address_file", str(address_file), "--question",
                         QUESTIONS[0], "--context", CONTEXTS[0])
         assert asked.returncode == 0 and "answer: " in asked.stdout, asked.stderr
