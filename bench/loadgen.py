@@ -25,14 +25,14 @@ import random
 import signal
 import threading
 import time
-from array import array
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from bench.answers import wrong_answer
+from bench.recorder import Recorder, Reporter
 from clients.blocking import Client
 from clients.common import ConnectionLost
 from protocol import ServerError
@@ -59,6 +59,9 @@ class ClosedSpec:
     model: str | None = None  # the served model every request names (None: the server's pick)
     #: Client's connection options (token, tls, tls_ca, ...): never printed, it may hold a token
     client: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: The reference answer of each item of ``pairs`` (bench/answers.py): a reply that
+    #: disagrees counts as ``wrong_answer``. None: replies are not checked.
+    expected: Sequence[Any] | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class OpenSpec:
     op: str = "qa"
     model: str | None = None
     client: Mapping[str, Any] = field(default_factory=dict, repr=False)  # as ClosedSpec's
+    expected: Sequence[Any] | None = field(default=None, repr=False)  # as ClosedSpec's
 
 
 def send(client: Client, item: Item, op: str = "qa",
@@ -99,6 +103,19 @@ def outcome(exc: BaseException, timed_out: bool = False) -> str:
     return type(exc).__name__
 
 
+def record(recorder: Recorder, seconds: float, now: float, exc: BaseException | None,
+           timed_out: bool, expected: Sequence[Any] | None, index: int,
+           future: Future[dict[str, Any]]) -> None:
+    """Count one reply: a success, its error, or ``wrong_answer`` where it disagrees with the
+    reference answer of mix item ``index``."""
+    code = outcome(exc, timed_out) if exc is not None else \
+        wrong_answer(expected, index, future.result())
+    if code is None:
+        recorder.ok(seconds, now)
+    else:
+        recorder.failed(code)
+
+
 def poisson_offsets(rate: float, duration_s: float, count: int | None,
                     rng: random.Random) -> list[float]:
     """Send times, in seconds from the start, of a Poisson process of ``rate`` arrivals/s.
@@ -115,75 +132,6 @@ def poisson_offsets(rate: float, duration_s: float, count: int | None,
         offsets.append(t)
         t += rng.expovariate(rate)
     return offsets
-
-
-class Recorder:
-    """One worker's outcomes: latencies of successes, errors by code. Thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.latencies = array("d")
-        self.lags = array("d")
-        self.errors: Counter[str] = Counter()
-        self.completed = 0
-        self.last = 0.0
-        self.clients = 0  # closed loop: client connections started
-        self.cut_short = False  # closed loop: the time budget kept some requests from being sent
-
-    def ok(self, seconds: float, now: float) -> None:
-        with self._lock:
-            self.latencies.append(seconds)
-            self.completed += 1
-            self.last = max(self.last, now)
-
-    def failed(self, code: str, n: int = 1) -> None:
-        if n <= 0:
-            return
-        with self._lock:
-            self.errors[code] += n
-            self.completed += n
-            self.last = max(self.last, time.perf_counter())
-
-    def client_started(self) -> None:
-        with self._lock:
-            self.clients += 1
-
-    def budget_spent(self) -> None:
-        with self._lock:
-            self.cut_short = True
-
-    def payload(self, start: float) -> dict[str, Any]:
-        """What goes back to the parent; ``wall_s`` runs from the start to the last outcome."""
-        with self._lock:
-            end = self.last or time.perf_counter()
-            return {"latencies": self.latencies, "lags": self.lags, "errors": dict(self.errors),
-                    "requests": self.completed, "wall_s": max(0.0, end - start),
-                    "clients": self.clients, "cut_short": self.cut_short}
-
-
-class _Reporter:
-    """Sends this worker's progress to the parent every 0.2 s while in a ``with`` block."""
-
-    def __init__(self, index: int, events: Any, recorder: Recorder) -> None:
-        self._index, self._events, self._recorder = index, events, recorder
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
-
-    def _run(self) -> None:
-        reported = 0
-        while not self._stop.wait(0.2):
-            done = self._recorder.completed
-            if done > reported:
-                self._events.put(("progress", self._index, done - reported))
-                reported = done
-
-    def __enter__(self) -> _Reporter:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 # -- closed loop -------------------------------------------------------------------------------
@@ -227,23 +175,21 @@ class _ClosedDriver:
             self._outstanding += 1
             n, self._sent = self._sent, self._sent + 1
         spec = self._spec
-        item = spec.pairs[(self._first + n) % len(spec.pairs)]
+        index = (self._first + n) % len(spec.pairs)
         started = time.perf_counter()
         try:
-            future = send(self._client, item, spec.op, spec.model)
+            future = send(self._client, spec.pairs[index], spec.op, spec.model)
         except Exception as exc:  # noqa: BLE001 - the connection is gone: the rest fail with it
             self._abandon(outcome(exc, self._timed_out), current=True)
             return
-        future.add_done_callback(partial(self._on_reply, started))
+        future.add_done_callback(partial(self._on_reply, started, index))
 
-    def _on_reply(self, started: float, future: Future[dict[str, Any]]) -> None:
+    def _on_reply(self, started: float, index: int, future: Future[dict[str, Any]]) -> None:
         now = time.perf_counter()
         self._last_progress = now
         exc = future.exception()
-        if exc is None:
-            self._rec.ok(now - started, now)
-        else:
-            self._rec.failed(outcome(exc, self._timed_out))
+        record(self._rec, now - started, now, exc, self._timed_out,
+               self._spec.expected, index, future)
         with self._lock:
             self._outstanding -= 1
         if isinstance(exc, ConnectionLost):
@@ -301,7 +247,7 @@ def closed_worker(spec: ClosedSpec, index: int, events: Any, go: Any, tickets: A
     go.wait()
     start = time.perf_counter()
     deadline = start + spec.budget_s if spec.budget_s else math.inf
-    with _Reporter(index, events, recorder):
+    with Reporter(index, events, recorder):
         threads = [threading.Thread(target=_slot, args=(spec, tickets, recorder, deadline),
                                     name=f"slot-{n}") for n in range(spec.slots)]
         for thread in threads:
@@ -315,8 +261,9 @@ def closed_worker(spec: ClosedSpec, index: int, events: Any, go: Any, tickets: A
 class _OpenTracker:
     """Counts open-loop requests in flight and records each reply against its scheduled time."""
 
-    def __init__(self, recorder: Recorder, timeout_s: float) -> None:
-        self._rec, self._timeout_s = recorder, timeout_s
+    def __init__(self, recorder: Recorder, timeout_s: float,
+                 expected: Sequence[Any] | None = None) -> None:
+        self._rec, self._timeout_s, self._expected = recorder, timeout_s, expected
         self._lock = threading.Lock()
         self._in_flight = 0
         self._all_sent = False
@@ -328,13 +275,10 @@ class _OpenTracker:
         with self._lock:
             self._in_flight += 1
 
-    def on_reply(self, scheduled: float, future: Future[dict[str, Any]]) -> None:
+    def on_reply(self, scheduled: float, index: int, future: Future[dict[str, Any]]) -> None:
         now = time.perf_counter()
-        exc = future.exception()
-        if exc is None:
-            self._rec.ok(now - scheduled, now)
-        else:
-            self._rec.failed(outcome(exc, self.timed_out))
+        record(self._rec, now - scheduled, now, future.exception(), self.timed_out,
+               self._expected, index, future)
         with self._lock:
             self._in_flight -= 1
             self._last_progress = now
@@ -367,14 +311,14 @@ def _send_on_schedule(spec: OpenSpec, clients: list[Client], offsets: list[float
         if delay > 0:
             time.sleep(delay)
         recorder.lags.append(max(0.0, time.perf_counter() - scheduled))
-        item = pairs[(spec.first_pair + n) % len(pairs)]
+        index = (spec.first_pair + n) % len(pairs)
         try:
-            future = send(clients[n % len(clients)], item, spec.op, spec.model)
+            future = send(clients[n % len(clients)], pairs[index], spec.op, spec.model)
         except Exception as exc:  # noqa: BLE001 - that connection is gone; counted
             recorder.failed(outcome(exc))
             continue
         tracker.sent()
-        future.add_done_callback(partial(tracker.on_reply, scheduled))
+        future.add_done_callback(partial(tracker.on_reply, scheduled, index))
 
 
 def open_worker(spec: OpenSpec, index: int, events: Any, go: Any, tickets: Any) -> None:
@@ -391,8 +335,8 @@ def open_worker(spec: OpenSpec, index: int, events: Any, go: Any, tickets: Any) 
     events.put(("ready", index, len(offsets)))
     go.wait()
     start = time.perf_counter()
-    tracker = _OpenTracker(recorder, spec.timeout_s)
-    with _Reporter(index, events, recorder):
+    tracker = _OpenTracker(recorder, spec.timeout_s, spec.expected)
+    with Reporter(index, events, recorder):
         _send_on_schedule(spec, clients, offsets, start, tracker, recorder)
         tracker.wait(clients)
     for client in clients:

@@ -33,8 +33,8 @@ def run_closed_loop(host: str, port: int, *, clients: int, requests_per_client: 
                     pairs: Sequence[Item], pipeline: int = 1, processes: int | None = None,
                     warmup: int = 0, progress: bool = True, total_clients: int | None = None,
                     timeout_s: float = 120.0, budget_s: float | None = None, op: str = "qa",
-                    model: str | None = None,
-                    client: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                    model: str | None = None, client: Mapping[str, Any] | None = None,
+                    expected: Sequence[Any] | None = None) -> dict[str, Any]:
     """Closed loop: ``clients`` connections at a time, each sending as soon as a reply is in.
 
     Args:
@@ -55,6 +55,8 @@ def run_closed_loop(host: str, port: int, *, clients: int, requests_per_client: 
         model: The served model every request names; None: the one serving the op.
         client: ``Client``'s connection options for every connection: ``token`` (a server with
             ``--auth_token_file``), ``tls``, ``tls_ca``, ``tls_cert``, ``tls_key``.
+        expected: The reference answer of each item of ``pairs`` (bench/answers.py); a reply
+            that disagrees counts as the error ``wrong_answer``. None: not checked.
 
     Returns:
         ``{"settings", "started", "requests", "ok", "errors": {code: n}, "wall_s",
@@ -72,7 +74,7 @@ def run_closed_loop(host: str, port: int, *, clients: int, requests_per_client: 
     if budget_s is not None:
         check_positive(budget_s=budget_s)
     specs = [ClosedSpec(host, port, tuple(pairs), slots, requests_per_client, pipeline, timeout_s,
-                        budget_s, op, model, dict(client or {}))
+                        budget_s, op, model, dict(client or {}), expected)
              for slots in split_evenly(clients, procs)]
     settings = {"mode": "closed", "clients": clients, "total_clients": total_clients,
                 "requests_per_client": requests_per_client, "pipeline": pipeline,
@@ -92,7 +94,8 @@ def run_open_loop(host: str, port: int, *, rate: float, duration_s: float,
                   progress: bool = True, connections: int | None = None,
                   max_requests: int | None = None, timeout_s: float = 120.0,
                   seed: int = 0, op: str = "qa", model: str | None = None,
-                  client: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  client: Mapping[str, Any] | None = None,
+                  expected: Sequence[Any] | None = None) -> dict[str, Any]:
     """Open loop: Poisson arrivals at ``rate`` requests/s in total, sent whatever the replies do.
 
     Each latency runs from the request's scheduled send time, so a server (or a sender) that
@@ -109,7 +112,7 @@ def run_open_loop(host: str, port: int, *, rate: float, duration_s: float,
         max_requests: Stop after this many arrivals in total (the first limit reached wins).
         timeout_s: Seconds without a reply, once all are sent, after which the rest time out.
         seed: Seeds the arrival times (process i uses ``seed + i``).
-        op, model, client: As for ``run_closed_loop``.
+        op, model, client, expected: As for ``run_closed_loop``.
 
     Returns:
         As ``run_closed_loop``, plus ``send_lag`` (how late sends were against the schedule).
@@ -122,7 +125,8 @@ def run_open_loop(host: str, port: int, *, rate: float, duration_s: float,
     connections = max(connections or procs, procs)
     counts = split_evenly(max_requests, procs) if max_requests is not None else [None] * procs
     specs = [OpenSpec(host, port, tuple(pairs), conns, rate / procs, duration_s, count, seed + i,
-                      i * len(pairs) // procs, timeout_s, op, model, dict(client or {}))
+                      i * len(pairs) // procs, timeout_s, op, model, dict(client or {}),
+                      expected)
              for i, (conns, count) in enumerate(zip(split_evenly(connections, procs), counts,
                                                     strict=True))]
     settings = {"mode": "open", "rate": rate, "duration_s": duration_s,

@@ -26,7 +26,8 @@ from tests.helpers import CONTEXTS, QUESTIONS, wait_for_address
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {"qa-server": "server:main", "qa-client": "client:main",
-           "qa-stress": "stress_test:main", "qa-prepare": "prepare_model:main"}
+           "qa-stress": "stress_test:main", "qa-prepare": "prepare_model:main",
+           "qa-tune": "tune:main"}
 NOT_SHIPPED = {"tests", "docs", "docker", "saved_models"}  # folders the wheel leaves out
 
 
@@ -133,6 +134,11 @@ def test_the_installed_commands_serve_away_from_the_checkout(wheel: Path, tiny_m
                          "--warmup", "0")  # its default request mix, from the installed package
         assert loaded.returncode == 0 and "requests: 6   ok: 6" in loaded.stdout, loaded.stderr
         assert command("qa-prepare", "--help").returncode == 0
+        tuned = command("qa-tune", "--model_dir", str(tiny_model_dir), "--search", "grid",
+                        "--trial_s", "1", "--clients", "2", "--p99_ms", "5000", "--no_progress",
+                        "--", "--workers", "1", "--num_inference_sessions", "1",
+                        "--threads_per_session", "1", "--batching", "off")  # one trial
+        assert tuned.returncode == 0 and "meets" in tuned.stdout, tuned.stdout + tuned.stderr
     finally:
         server.send_signal(signal.SIGTERM)
         _, log = server.communicate(timeout=60)

@@ -1,0 +1,72 @@
+"""Checking a server's answers against the model's own: each request of the mix run alone
+through the task in-process (the reference), and a reply agrees with it when every field it
+has matches, numbers to within what batching, padding and half precision change.
+
+A load run given the reference (``run_closed_loop(..., expected=...)``) counts a reply that
+disagrees as the error ``wrong_answer``, so a configuration that answers fast but wrongly
+never wins a tuning trial (tune.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from protocol.messages import Request
+from tasks.base import Task
+
+#: The error code a reply that disagrees with the reference is counted under.
+WRONG_ANSWER = "wrong_answer"
+#: Numbers agree within ABS_TOL + REL_TOL x |reference| (fp16 moves a probability by ~1e-3).
+ABS_TOL = 2e-3
+REL_TOL = 1e-2
+#: Two spans tie when their scores are this close: either is the model's answer.
+TIE_TOL = 1e-3
+
+
+def reference_answers(task: Task, engine: Any, requests: Sequence[Request]) -> list[dict[str, Any]]:
+    """Each request's answer from ``engine`` alone, one request per batch (no padding): what
+    the server must answer whatever its batching."""
+    answers = []
+    for request in requests:
+        features = [task.features(request)]
+        outputs = task.split_outputs(features, engine.run(task.collate(features)))
+        answers.append(task.postprocess(features[0], *outputs[0]))
+    return answers
+
+
+def wrong_answer(expected: Sequence[Any] | None, index: int, reply: Any) -> str | None:
+    """``WRONG_ANSWER`` when ``reply`` disagrees with the reference of mix item ``index``;
+    None when it agrees, or when there is no reference."""
+    if expected is None or agrees(expected[index % len(expected)], reply):
+        return None
+    return WRONG_ANSWER
+
+
+def agrees(expected: Any, got: Any) -> bool:
+    """Whether ``got`` carries ``expected``: every key of a map (others may be added), every item
+    of a list, strings and booleans equal, numbers close. Two answers whose ``score`` ties
+    (within ``TIE_TOL``) agree whatever their spans: the model cannot tell them apart."""
+    if isinstance(expected, Mapping):
+        if not isinstance(got, Mapping):
+            return False
+        if _tie(expected, got):
+            return True
+        return all(key in got and agrees(value, got[key]) for key, value in expected.items())
+    if isinstance(expected, list | tuple):
+        return isinstance(got, list | tuple) and len(got) == len(expected) and \
+            all(agrees(e, g) for e, g in zip(expected, got, strict=True))
+    if isinstance(expected, bool) or not isinstance(expected, int | float):
+        return bool(expected == got)
+    return isinstance(got, int | float) and not isinstance(got, bool) and \
+        math.isclose(got, expected, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+
+
+def _tie(expected: Mapping[str, Any], got: Mapping[str, Any]) -> bool:
+    """Two QA answers (``answer`` and ``score``) of equal score: a tie between spans."""
+    scores = expected.get("score"), got.get("score")
+    if "answer" not in expected or not all(isinstance(s, float) for s in scores) or \
+            not set(expected) <= set(got):
+        return False
+    return math.isclose(scores[0], scores[1], rel_tol=0.0, abs_tol=TIE_TOL)

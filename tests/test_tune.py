@@ -1,0 +1,191 @@
+"""tune.py (``qa-tune``): real tuning runs of the tiny model under short budgets (every trial a
+real server.py under real load, every reply checked against the model's own answer), its
+settings file read back by server.py's parser, a budget too small for one trial, an objective
+nothing meets, and the pieces: the plan of rungs, the search space, the ranking, and the
+answer check."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import tune
+from bench.answers import WRONG_ANSWER, agrees, reference_answers
+from bench.mix import load_pairs
+from bench.raw import load_raw_task, task_requests
+from bench.runs import run_closed_loop
+from bench.servers import start_server, stop_servers
+from server import setting_registry
+from settings.server_config import given_settings, parse_args
+from tuning.objective import Objective
+from tuning.search import BudgetTooSmall, plan, rung_counts
+from tuning.space import Candidate, Machine, search_space
+
+#: Flags that leave the tiny model few candidates, so that a short budget searches them all.
+FEW = ["--", "--workers", "1", "--threads_per_session", "1"]
+
+
+def run_tune(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = tune.main(["--no_progress", *argv])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+@pytest.mark.slow
+def test_a_tiny_model_s_tuning_ends_with_a_winner_the_server_reads(
+        tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, record, plot = tmp_path / "tuned.toml", tmp_path / "trials.json", tmp_path / "t.png"
+    status, text, _ = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s", "40",
+                               "--p99_ms", "5000", "--clients", "4", "--out", str(out),
+                               "--json", str(record), "--plot", str(plot), *FEW)
+    assert status == 0, text
+    document = json.loads(record.read_text())
+    trials = document["trials"]
+    assert [t["rung"] for t in trials][:2] == [-1, 0] and max(t["rung"] for t in trials) >= 1
+    for trial in trials:  # every reply of every trial was checked, and each one agreed
+        figures = trial["figures"]
+        assert figures["requests"] > 0 and figures["ok"] == figures["requests"], trial
+        assert trial["verdict"] == "meets"
+    assert document["seconds"] <= 40 * 1.1
+    winner = next(t for t in trials if t["number"] == document["winner"])
+    assert winner["rung"] == max(t["rung"] for t in trials)
+    assert plot.stat().st_size > 10_000
+    # the winner: a command line, and a file server.py --config reads, its flags winning
+    assert "python server.py --model_dir" in text and "--workers 1" in text
+    settings = tomllib.loads(out.read_text())
+    assert settings == {"workers": 1, "threads_per_session": 1, **winner["settings"]}
+    registry = setting_registry()
+    read = parse_args(None, ["--config", str(out), "--max_batch_size", "5"], registry=registry)
+    assert read.num_inference_sessions == settings["num_inference_sessions"]
+    assert read.batching == settings["batching"] and read.max_batch_size == 5
+    assert set(settings) <= given_settings(["--config", str(out)], registry)
+
+
+@pytest.mark.slow
+def test_an_objective_nothing_meets_says_so_and_by_how_much(
+        tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    everything = [*FEW, "--num_inference_sessions", "1", "--batching", "off"]  # one candidate
+    status, text, _ = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s", "20",
+                               "--p99_ms", "0.01", "--clients", "2", *everything)
+    assert status == 1, text
+    assert "nothing meets the objective (the most requests/s with p99 at most 0.01 ms at 2 " \
+           "clients)" in text
+    assert "the objective's 0.01 ms" in text and "x the objective" in text
+    assert "misses" in text and "python server.py" in text  # the closest, still given
+
+
+def test_a_budget_too_small_for_one_trial_is_said_with_what_would_do(
+        tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s", "1")
+    assert status == 2
+    assert "--budget_s 1 is too small for even one trial" in err
+    assert "try --budget_s" in err
+
+
+@pytest.mark.slow
+def test_the_grid_runs_every_candidate_for_the_same_time(
+        tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = tmp_path / "grid.json"
+    status, text, _ = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--search", "grid",
+                               "--trial_s", "2", "--p99_ms", "5000", "--clients", "2",
+                               "--json", str(record), *FEW, "--num_inference_sessions", "1",
+                               "--max_batch_size", "8", "--max_batch_tokens", "4096")
+    assert status == 0, text
+    trials = json.loads(record.read_text())["trials"]
+    assert [t["settings"] for t in trials] == [{"batching": "auto"}, {"batching": "fixed"},
+                                               {"batching": "off"}]
+    assert {t["load_s"] for t in trials} == {2.0}
+
+
+def test_server_flags_the_tuner_owns_or_the_server_refuses_are_usage_errors(
+        tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for flags, words in ((["--port", "9000"], "--port after -- is the tuner's to set"),
+                         (["--batching", "sometimes"], "invalid choice"),
+                         (["--workers", "0"], "--workers must be at least 1")):
+        status, _, err = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--", *flags)
+        assert status == 2 and words in err, err
+
+
+@pytest.mark.slow
+def test_a_wrong_answer_is_counted_as_an_error(tiny_model_dir: Path) -> None:
+    pairs = load_pairs(None)[:6]
+    from engines import load_engine
+
+    task = load_raw_task(tiny_model_dir)
+    expected = reference_answers(task, load_engine("onnx", tiny_model_dir, threads=1),
+                                 task_requests(task, pairs))
+    expected[2] = {**expected[2], "answer": expected[2]["answer"] + " and more",
+                   "score": expected[2]["score"] + 0.5}  # not what the model says
+    proc, port = start_server("onnx", str(tiny_model_dir), 1, [], timeout_s=120)
+    try:
+        result = run_closed_loop("127.0.0.1", port, clients=1, requests_per_client=12,
+                                 pairs=pairs, progress=False, expected=expected)
+    finally:
+        stop_servers(proc)
+    assert result["errors"] == {WRONG_ANSWER: 2}  # items 2 and 8 of 12: the bad reference's
+    assert result["ok"] == 10
+
+
+def test_answers_agree_within_tolerance_and_ties_count_as_agreeing() -> None:
+    answer = {"answer": "Paris", "score": 0.41, "start": 3, "end": 8}
+    assert agrees(answer, {**answer, "score": 0.4101, "extra": 1})
+    assert agrees(answer, {"answer": "the city", "score": 0.4105, "start": 9, "end": 17})  # tie
+    assert not agrees(answer, {"answer": "the city", "score": 0.30, "start": 9, "end": 17})
+    assert not agrees(answer, {"answer": "Paris", "score": 0.41})  # a field missing
+    assert agrees({"embeddings": [[0.5, -0.25]], "dim": 2},
+                  {"embeddings": [[0.5004, -0.2502]], "dim": 2})
+    assert not agrees({"embeddings": [[0.5, -0.25]]}, {"embeddings": [[0.25, -0.25]]})
+    assert not agrees({"label": "POSITIVE"}, {"label": "NEGATIVE"})
+    assert not agrees({"dim": 2}, {"dim": True})
+
+
+def test_the_plan_fits_the_budget_and_drops_the_least_likely_candidates_first() -> None:
+    assert rung_counts(12) == [12, 4, 2, 1] and rung_counts(1) == [1]
+    rungs = plan(12, overhead_s=8.0, budget_s=600.0)
+    assert [r.count for r in rungs] == [12, 4, 2, 1]
+    assert [round(r.load_s / rungs[0].load_s) for r in rungs] == [1, 3, 9, 27]
+    spent = sum(r.count * (8.0 + r.load_s) for r in rungs)
+    assert spent == pytest.approx(600.0)
+    short = plan(12, overhead_s=8.0, budget_s=120.0)  # not all 12 fit at 3 s of load
+    assert short[0].count < 12 and short[0].load_s >= 3.0
+    with pytest.raises(BudgetTooSmall):
+        plan(12, overhead_s=8.0, budget_s=10.0)
+
+
+def test_the_space_splits_the_cores_and_leaves_fixed_settings_out() -> None:
+    cpu = search_space(Machine(cores=2), {})
+    splits = {(c["workers"], c["num_inference_sessions"], c["threads_per_session"])
+              for c in map(dict, (c.settings for c in cpu))}
+    assert splits == {(1, 1, 2), (1, 2, 1), (2, 1, 1)}  # every core used, none twice
+    assert len(cpu) == 12 and dict(cpu[0].settings)["batching"] == "auto"
+    fixed = search_space(Machine(cores=2), {"workers": 1, "batching": "off"})
+    assert [dict(c.settings) for c in fixed] == [
+        {"num_inference_sessions": 1, "threads_per_session": 2},
+        {"num_inference_sessions": 2, "threads_per_session": 1}]
+    gpu = [dict(c.settings) for c in search_space(Machine(cores=16, gpus=1), {})]
+    assert {c["precision"] for c in gpu} == {"fp16", "fp32"}
+    assert {c.get("length_buckets") for c in gpu} == {None, "64,128,256,384"}
+    assert {(c["workers"], c["executors"]) for c in gpu} >= {(4, "on"), (1, "off"), (2, "off")}
+    assert all(c["batching"] != "off" for c in gpu)
+    assert search_space(Machine(cores=2), {"workers": 1, "num_inference_sessions": 1,
+                                           "threads_per_session": 1, "batching": "off"}) \
+        == [Candidate(())]
+
+
+def test_trials_rank_by_throughput_when_they_meet_by_p99_when_not_failures_last() -> None:
+    objective = Objective(p99_ms=100, clients=8)
+
+    def figures(rps: float, p99: float, ok: int = 10) -> dict[str, float]:
+        return {"throughput_rps": rps, "p99_ms": p99, "ok": ok, "requests": 10}
+
+    trials = {"fast": figures(50, 90), "faster": figures(80, 99), "late": figures(90, 150),
+              "later": figures(95, 300), "wrong": figures(200, 10, ok=9)}
+    ranked = sorted(trials, key=lambda name: objective.rank_key(trials[name]))
+    assert ranked == ["faster", "fast", "late", "later", "wrong"]
+    assert objective.rank_key(None) > objective.rank_key(trials["wrong"])
+    open_loop = Objective(p99_ms=100, rate=40)
+    assert sorted(trials, key=lambda n: open_loop.rank_key(trials[n])) == [
+        "fast", "faster", "late", "later", "wrong"]  # the lowest p99 first

@@ -1,0 +1,193 @@
+"""Find the server settings that serve this machine best: every trial a real server.py on the
+real model under real load, every answer checked, the winner given as a command line and as a
+settings file for ``server.py --config FILE``.
+
+    python tune.py --model_dir saved_models/qa --out tuned.toml     # about 10 minutes
+    python tune.py --p99_ms 500 --clients 64 --budget_s 1200
+    python tune.py --rate 40 --p99_ms 300        # open loop: the lowest p99 at 40 requests/s
+    python tune.py --budget_s 120 -- --inference_engine_type pytorch   # fix flags after --
+
+The objective: the most requests/s with p99 at most --p99_ms at --clients clients (closed
+loop), or the lowest p99 at --rate requests/s (open loop). The model alone is measured first:
+its ceiling, and its answer to each request of the mix, which every reply must match. Then
+successive halving: every candidate briefly, the best third three times as long, and so on,
+within --budget_s. Flags after ``--`` go to every trial's server as they are and are not
+searched. See docs/tuning.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.mix import DEFAULT_DATA
+from server import setting_registry
+from settings.cli import HelpFormatter
+from tuning.model_alone import ModelAlone
+from tuning.objective import Objective
+from tuning.progress import Progress
+from tuning.report import (
+    command_line,
+    plot_trials,
+    settings_file,
+    trial_record,
+    trials_table,
+    verdict,
+    write_json,
+)
+from tuning.search import BudgetTooSmall
+from tuning.setup import SetupError, plan_from
+from tuning.trial import Trial
+from tuning.tuner import Outcome, Plan, tune
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line parser (the server's fixed flags come after ``--``)."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
+                                usage="%(prog)s [options] [-- SERVER FLAGS...]")
+    p.add_argument("--model_dir", default="saved_models",
+                   help="a model folder or a repository, as server.py's")
+    p.add_argument("--model", help="the repository's model to tune for (default: its only "
+                                   "model, else the one named qa); the server serves them all")
+    p.add_argument("--p99_ms", type=float, default=200.0, help="the objective's p99 bound")
+    p.add_argument("--clients", type=int, default=32,
+                   help="closed loop: clients at once (open loop: connections)")
+    p.add_argument("--rate", type=float,
+                   help="open loop: the lowest p99 at this many requests/s (Poisson arrivals)")
+    p.add_argument("--data", help="the request mix: JSON lines of {question, context} (or "
+                                  "{text}) objects (default: bench/data/qa_pairs.jsonl)")
+    p.add_argument("--budget_s", type=float, default=600.0,
+                   help="seconds the whole run may take, the model alone included")
+    p.add_argument("--search", choices=("halving", "grid"), default="halving",
+                   help="halving: successive halving within the budget; grid: every candidate "
+                        "for --trial_s seconds each, whatever the budget (to measure the "
+                        "halving against)")
+    p.add_argument("--trial_s", type=float, default=60.0, help="--search grid: seconds of load "
+                                                                "per trial")
+    p.add_argument("--out", help="write the winner's settings here (TOML for server.py "
+                                 "--config)")
+    p.add_argument("--json", help="write every figure of every trial here")
+    p.add_argument("--plot", help="draw requests/s against p99 of every trial to this PNG")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar")
+    return p
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """(tune.py's options, the server flags after ``--``), checked."""
+    ours, fixed = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
+        else (argv, [])
+    p = build_parser()
+    args = p.parse_args(ours)
+    for name in ("p99_ms", "clients", "budget_s", "trial_s"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name} must be positive")
+    if args.rate is not None and args.rate <= 0:
+        p.error("--rate must be positive")
+    return args, fixed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point: 0 when the winner meets the objective, 1 when nothing does (said, with
+    by how much), 2 on a usage error or a budget too small for one trial."""
+    args, fixed = parse_args(sys.argv[1:] if argv is None else argv)
+    objective = Objective(args.p99_ms, args.clients, args.rate)
+    try:
+        plan = plan_from(args, fixed, objective, setting_registry())
+    except SetupError as exc:
+        print(f"tune: {exc}", file=sys.stderr)
+        return 2
+    print(f"tune: {plan.server.model_dir} on {plan.server.engine}, {plan.machine_words}; "
+          f"objective: {objective.describe()}; {len(plan.candidates)} candidates; budget "
+          f"{args.budget_s:g} s", flush=True)
+    try:
+        outcome = _run(plan, args)
+    except BudgetTooSmall as exc:
+        print(f"tune: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"tune: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tune: interrupted", file=sys.stderr)
+        return 130
+    return _report(outcome, plan, args, fixed, objective)
+
+
+def _run(plan: Plan, args: argparse.Namespace) -> Outcome:
+    """Tune, with a progress bar."""
+    with Progress(args.budget_s, not args.no_progress) as progress:
+        def on_model(model: ModelAlone) -> None:
+            progress.say(f"the model alone: {model.ceiling_rps:.1f} req/s")
+
+        def on_trial(trial: Trial) -> None:
+            rps = (trial.figures or {}).get("throughput_rps", 0.0)
+            progress.say(f"trial {trial.number} (rung {trial.rung}): {rps:.1f} req/s")
+
+        return tune(plan, on_trial=on_trial, on_model=on_model)
+
+
+def _report(outcome: Outcome, plan: Plan, args: argparse.Namespace, fixed: list[str],
+            objective: Objective) -> int:
+    """Print the trials and the winner, write the files asked for; the exit status."""
+    model, winner = outcome.model, outcome.winner
+    per_batch = ", ".join(f"batch {b}: {r:.1f}" for b, r in model.per_batch_rps.items())
+    print(f"\nthe model alone (in-process, every core): ceiling {model.ceiling_rps:.1f} req/s "
+          f"at batch {model.best_batch} ({per_batch} req/s)")
+    print(trials_table(outcome.trials, model.ceiling_rps, objective))
+    for note in outcome.notes:
+        print(f"note: {note}")
+    print(f"took {outcome.seconds:.0f} s of the {args.budget_s:g} s budget, "
+          f"{len(outcome.trials)} trials")
+    status = 0
+    if winner is None or winner.figures is None:
+        print("no trial produced figures: nothing to recommend")
+        return 1
+    figures = winner.figures
+    rps = figures["throughput_rps"]
+    print(f"\nwinner: trial {winner.number}: "
+          f"{winner.candidate.label() or 'the flags after -- alone'}\n"
+          f"  {rps:.1f} req/s ({rps / model.ceiling_rps:.2f} of the model alone), "
+          f"p50 {figures['p50_ms']:.0f} ms, p99 {figures['p99_ms']:.0f} ms, "
+          f"{verdict(winner, objective)}")
+    if not objective.meets(figures):
+        status = 1
+        print(f"nothing meets the objective ({objective.describe()}): the closest is trial "
+              f"{winner.number}, and {objective.shortfall(figures)}")
+    print(f"\n  {command_line(args.model_dir, fixed, winner.candidate)}")
+    _write_files(outcome, plan, args, fixed, objective)
+    return status
+
+
+def _write_files(outcome: Outcome, plan: Plan, args: argparse.Namespace, fixed: list[str],
+                 objective: Objective) -> None:
+    """--out, --json and --plot."""
+    winner = outcome.winner
+    assert winner is not None and winner.figures is not None
+    if args.out:
+        header = [f"qa-tune's winner for {args.model_dir}: {objective.describe()}",
+                  f"measured {winner.figures['throughput_rps']:.1f} req/s, p99 "
+                  f"{winner.figures['p99_ms']:.0f} ms ({verdict(winner, objective)}); "
+                  "use: python server.py --config FILE (flags given there win)"]
+        Path(args.out).write_text(settings_file(fixed, winner.candidate, header),
+                                  encoding="utf-8")
+        print(f"wrote the winner's settings to {Path(args.out).resolve()} "
+              f"(server.py --config {args.out})")
+    if args.json:
+        document: dict[str, Any] = {
+            "tool": "tune.py", "objective": vars(objective), "budget_s": args.budget_s,
+            "seconds": outcome.seconds, "data": str(args.data or DEFAULT_DATA),
+            "model_alone": {k: v for k, v in vars(outcome.model).items() if k != "expected"},
+            "winner": winner.number, "notes": outcome.notes,
+            "trials": [trial_record(t, objective) for t in outcome.trials]}
+        write_json(args.json, document)
+        print(f"wrote every figure to {Path(args.json).resolve()}")
+    if args.plot:
+        plot_trials(args.plot, outcome.trials, objective, winner,
+                    f"qa-tune: {args.model_dir}, {plan.machine_words}; {objective.describe()}")
+        print(f"wrote the plot to {Path(args.plot).resolve()}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The model alone, measured before any server: its engine called in-process on every core (or
+the GPU), which gives the ceiling each trial is set against and the reference answers every
+trial's replies are checked against."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.answers import reference_answers
+from bench.loadgen import Item
+from bench.raw import load_raw_task, run_batches, task_requests
+
+#: Requests per batch size measured (the reference pass measures batch 1).
+BATCH_SIZES_CPU = (4, 16)
+BATCH_SIZES_GPU = (8, 32, 64)
+#: Requests run per batch size, at least.
+MIN_REQUESTS = 32
+
+
+@dataclass(frozen=True)
+class ModelAlone:
+    """The ceiling (requests/s at the best batch size), and each mix item's answer."""
+
+    ceiling_rps: float
+    best_batch: int
+    per_batch_rps: dict[int, float]
+    expected: list[dict[str, Any]]
+    seconds: float  # what measuring it took, model load included
+
+
+def measure_model(folder: str | Path, engine_kind: str, items: Sequence[Item], *,
+                  device: str = "auto", gpu: bool = False) -> ModelAlone:
+    """Load the model's engine as the server would, answer every item alone (the reference,
+    and the batch-1 rate), then time larger batches."""
+    from engines import load_engine
+
+    began = time.perf_counter()
+    task = load_raw_task(folder)
+    requests = task_requests(task, items)
+    engine = load_engine(engine_kind, folder, threads=0, device=device)
+    reference_answers(task, engine, requests[:1])  # the first run's set-up is not measured
+    started = time.perf_counter()
+    expected = reference_answers(task, engine, requests)
+    rates = {1: len(requests) / (time.perf_counter() - started)}
+    for size in BATCH_SIZES_GPU if gpu else BATCH_SIZES_CPU:
+        count = max(2, math.ceil(MIN_REQUESTS / size))
+        run_batches(task, engine, requests, size, 1, offset=0)  # this shape's first run
+        rates[size] = size * count / sum(run_batches(task, engine, requests, size, count,
+                                                     offset=size))
+    best = max(rates, key=lambda size: rates[size])
+    return ModelAlone(rates[best], best, rates, expected, time.perf_counter() - began)

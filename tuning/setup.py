@@ -1,0 +1,99 @@
+"""From tune.py's options to a tuning ``Plan``: the model to load, the fixed server flags
+checked as server.py checks them, the machine, and the candidates."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, NoReturn
+
+from bench.mix import TASKS, load_mix
+from settings.choices import SettingRegistry
+from settings.server_config import config_from_args, full_parser, given_settings
+from tuning.objective import Objective
+from tuning.space import Machine, search_space
+from tuning.trial import Load, Server
+from tuning.tuner import Plan
+
+#: Items of the mix used at most (each one's reference answer is computed first).
+MAX_ITEMS = 256
+#: Server flags the tuner owns or cannot load through: each trial listens on 127.0.0.1, a free
+#: port, plain TCP, no token, the whole of --model_dir.
+REFUSED = {"model_dir": "give tune.py's own --model_dir", "port": "", "host": "",
+           "unix_socket": "", "address_file": "", "role": "", "broker": "",
+           "auth_token_file": "", "tls_cert": "", "tls_key": "", "tls_client_ca": "",
+           "metrics_port": ""}
+
+
+class SetupError(Exception):
+    """What tune.py was asked cannot be tuned: said in one line."""
+
+
+def plan_from(args: argparse.Namespace, fixed: list[str], objective: Objective,
+              registry: SettingRegistry) -> Plan:
+    """The plan of tune.py's ``args`` and the server flags ``fixed``.
+
+    Raises:
+        SetupError: a fixed flag server.py refuses or the tuner owns, no model to tune, a model
+            of a task the load cannot send, or a mix that cannot be read.
+    """
+    config, given = _fixed_settings(fixed, registry)
+    if owned := sorted(given & set(REFUSED)):
+        raise SetupError(f"--{owned[0]} after -- is the tuner's to set (each trial listens on "
+                         "127.0.0.1, a free port, plain TCP, no token): tune without it and add "
+                         "it to the winner's command line")
+    device = config["device"] if "device" in given else None
+    machine = Machine.here(config["inference_engine_type"], device)
+    name, folder, several = _model(args.model_dir, args.model)
+    from engines.model_dir import load_model_info
+
+    task = load_model_info(folder).task
+    if task not in TASKS:
+        raise SetupError(f"model {name} is a {task} model; the tuner loads {', '.join(TASKS)}")
+    try:
+        items = load_mix(task, args.data)[:MAX_ITEMS]
+    except (OSError, ValueError) as exc:
+        raise SetupError(f"--data: {exc}") from None
+    load = Load(objective, items, (), op=task, model=name if several else None)
+    server = Server(str(Path(args.model_dir).resolve()), config["inference_engine_type"],
+                    tuple(fixed))
+    return Plan(server, str(folder), items, load,
+                search_space(machine, {k: config[k] for k in given}), args.budget_s,
+                device=device or "auto", gpu=machine.gpus > 0,
+                grid_load_s=args.trial_s if args.search == "grid" else None,
+                machine_words=machine.describe())
+
+
+def _fixed_settings(fixed: list[str], registry: SettingRegistry) -> tuple[dict[str, Any],
+                                                                         set[str]]:
+    """The server's settings under the fixed flags (checked as server.py checks them), and
+    the names of those the flags give."""
+    parser = full_parser(None, registry)
+
+    def refuse(message: str) -> NoReturn:
+        raise SetupError(f"the server flags after --: {message}")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    parsed = vars(parser.parse_args(fixed))
+    if parsed.pop("config"):
+        refuse("--config: give the file's settings as flags, so the tuner knows them")
+    parsed.pop("log_level")
+    config = config_from_args(parser, parsed, registry)
+    return vars(config), given_settings(fixed, registry)
+
+
+def _model(model_dir: str, model: str | None) -> tuple[str, Path, bool]:
+    """(name, folder, whether the repository holds several) of the model to tune for."""
+    from engines.model_dir import ModelDirError, find_models
+
+    try:
+        found = dict(find_models(model_dir))
+    except (ModelDirError, OSError) as exc:
+        raise SetupError(f"--model_dir {model_dir}: {exc}") from None
+    name = model or (next(iter(found)) if len(found) == 1 else "qa" if "qa" in found else None)
+    if name is None:
+        raise SetupError(f"{model_dir} holds several models ({', '.join(found)}): name one "
+                         "with --model")
+    if name not in found:
+        raise SetupError(f"no model {name!r} in {model_dir} (its models: {', '.join(found)})")
+    return name, found[name], len(found) > 1

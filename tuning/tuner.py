@@ -1,0 +1,107 @@
+"""A whole tuning run: the model alone first (the ceiling and the reference answers), a probe
+trial of the likeliest candidate (what a trial costs), then the search."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from bench.loadgen import Item
+from tuning.model_alone import ModelAlone, measure_model
+from tuning.search import MIN_LOAD_S, BudgetTooSmall, Search, grid, halving
+from tuning.space import Candidate
+from tuning.trial import Load, Server, Trial
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to tune: the served model, how trials start and load, and how long it may take."""
+
+    server: Server
+    folder: str  # the model loaded (a repository's: the one the requests name)
+    items: Sequence[Item]
+    load: Load  # its ``expected`` is filled in from the model alone
+    candidates: Sequence[Candidate]
+    budget_s: float
+    device: str = "auto"
+    gpu: bool = False
+    grid_load_s: float | None = None  # set: the exhaustive grid, each trial this long
+    machine_words: str = ""  # the machine, in words
+
+
+@dataclass
+class Outcome:
+    """What the run found: the winner (None: no trial ran), every trial, and notes."""
+
+    model: ModelAlone
+    winner: Trial | None
+    trials: list[Trial]
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def tune(plan: Plan, *, on_trial: Callable[[Trial], None] | None = None,
+         on_model: Callable[[ModelAlone], None] | None = None) -> Outcome:
+    """Run the tuning ``plan``.
+
+    Raises:
+        BudgetTooSmall: the budget holds not even one trial (what it holds is said).
+    """
+    began = time.perf_counter()
+    model = measure_model(plan.folder, plan.server.engine, plan.items, device=plan.device,
+                          gpu=plan.gpu)
+    if on_model is not None:
+        on_model(model)
+    load = Load(**{**vars(plan.load), "expected": model.expected})
+    search = Search(plan.server, load, plan.budget_s, started=began, on_trial=on_trial)
+    if plan.grid_load_s is not None:
+        winner = grid(search, plan.candidates, plan.grid_load_s)
+        return Outcome(model, winner, search.trials, search.notes,
+                       time.perf_counter() - began)
+    probe = _probe(search, plan.candidates[0], model)
+    winner = probe
+    try:
+        winner = halving(search, plan.candidates)
+    except BudgetTooSmall:
+        search.notes.append(f"the budget held the probe only: give --budget_s "
+                            f"{_enough(search, len(plan.candidates)):.0f} or more to search "
+                            f"all {len(plan.candidates)} candidates")
+    return Outcome(model, winner, search.trials, search.notes, time.perf_counter() - began)
+
+
+def _probe(search: Search, candidate: Candidate, model: ModelAlone) -> Trial:
+    """The first candidate, briefly: it measures what a trial costs beyond its load.
+
+    Raises:
+        BudgetTooSmall: its server could not start and load within the budget.
+    """
+    left = search.left_s() - MIN_LOAD_S
+    why = (f"--budget_s {search.budget_s:g} is too small for even one trial: measuring the "
+           f"model alone took {model.seconds:.1f} s")
+    if left <= 0:
+        raise BudgetTooSmall(f"{why}, and a trial is a server start plus {MIN_LOAD_S:g} s of "
+                             f"load at least; try --budget_s {_floor(model):.0f} or more")
+    probe = search.run(-1, candidate, MIN_LOAD_S, start_timeout_s=left)
+    if probe.figures is None and probe.start_timed_out:
+        raise BudgetTooSmall(f"{why}, and its first server was not serving {left:.1f} s later, "
+                             f"which left no time for its {MIN_LOAD_S:g} s of load; try "
+                             f"--budget_s {_floor(model):.0f} or more")
+    if probe.figures is None:
+        raise RuntimeError(f"the first trial's server did not start: {probe.error}")
+    return probe
+
+
+def _floor(model: ModelAlone) -> float:
+    """A budget that holds a trial or two: the model alone, and a generous server start."""
+    return max(60.0, 4 * model.seconds + 30)
+
+
+def _enough(search: Search, candidates: int) -> float:
+    """The budget that holds every candidate at the shortest trial, at least."""
+    from tuning.search import ETA, rung_counts
+
+    counts = rung_counts(candidates)
+    used = search.budget_s - search.left_s()
+    return used + sum(c * (search.overhead_s() + MIN_LOAD_S * ETA ** k)
+                      for k, c in enumerate(counts))
