@@ -153,7 +153,7 @@ def _report(outcome: Outcome, plan: Plan, args: argparse.Namespace, fixed: list[
           f"{verdict(winner, objective)}")
     if not objective.meets(figures):
         status = 1
-        print(f"nothing meets the objective ({objective.describe()}): the closest is trial "
+        print(f"nothing meets the objective ({objective.describe()}): the best is trial "
               f"{winner.number}, and {objective.shortfall(figures)}")
     print(f"\n  {command_line(args.model_dir, fixed, winner.candidate)}")
     _write_files(outcome, plan, args, fixed, objective)
