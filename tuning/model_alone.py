@@ -13,7 +13,9 @@ from typing import Any
 
 from bench.answers import reference_answers
 from bench.loadgen import Item
-from bench.raw import load_raw_task, run_batches, task_requests
+from bench.raw import run_batches, task_requests
+from settings.server_config import ServerConfig
+from tasks import load_task
 
 #: Requests per batch size measured (the reference pass measures batch 1).
 BATCH_SIZES_CPU = (4, 16)
@@ -33,14 +35,17 @@ class ModelAlone:
     seconds: float  # what measuring it took, model load included
 
 
-def measure_model(folder: str | Path, engine_kind: str, items: Sequence[Item], *,
-                  device: str = "auto", gpu: bool = False) -> ModelAlone:
-    """Load the model's engine as the server would, answer every item alone (the reference,
-    and the batch-1 rate), then time larger batches."""
+def measure_model(folder: str | Path, engine_kind: str, items: Sequence[Item],
+                  config: ServerConfig, *, device: str = "auto",
+                  gpu: bool = False) -> ModelAlone:
+    """Load the model's task (under ``config``, the server's settings: its window length,
+    stride and answer length) and engine as the server would, answer every item alone (the
+    reference, and the batch-1 rate), then time larger batches."""
     from engines import load_engine
+    from engines.model_dir import load_model_info
 
     began = time.perf_counter()
-    task = load_raw_task(folder)
+    task = load_task(folder, load_model_info(folder), config)
     requests = task_requests(task, items)
     engine = load_engine(engine_kind, folder, threads=0, device=device)
     reference_answers(task, engine, requests[:1])  # the first run's set-up is not measured

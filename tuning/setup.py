@@ -9,12 +9,19 @@ from typing import Any, NoReturn
 
 from bench.mix import TASKS, load_mix
 from settings.choices import SettingRegistry
-from settings.server_config import config_from_args, full_parser, given_settings
+from settings.server_config import (
+    ServerConfig,
+    config_from_args,
+    full_parser,
+    given_settings,
+)
 from tuning.objective import Objective
 from tuning.space import Machine, search_space
 from tuning.trial import Load, Server
 from tuning.tuner import Plan
 
+#: Engines whose answers are random: their trials' answers are not checked.
+RANDOM_ENGINES = ("zero", "sim")
 #: Items of the mix used at most (each one's reference answer is computed first).
 MAX_ITEMS = 256
 #: Server flags the tuner owns or cannot load through: each trial listens on 127.0.0.1, a free
@@ -54,14 +61,14 @@ def plan_from(args: argparse.Namespace, fixed: list[str], objective: Objective,
         items = load_mix(task, args.data)[:MAX_ITEMS]
     except (OSError, ValueError) as exc:
         raise SetupError(f"--data: {exc}") from None
-    load = Load(objective, items, (), op=task, model=name if several else None)
-    server = Server(str(Path(args.model_dir).resolve()), config["inference_engine_type"],
-                    tuple(fixed))
-    return Plan(server, str(folder), items, load,
+    load = Load(objective, items, None, op=task, model=name if several else None)
+    engine = config["inference_engine_type"]
+    server = Server(args.model_dir, engine, tuple(fixed), cwd=Path.cwd())
+    return Plan(server, str(folder), items, load, ServerConfig(**config),
                 search_space(machine, {k: config[k] for k in given}), args.budget_s,
                 device=device or "auto", gpu=machine.gpus > 0,
                 grid_load_s=args.trial_s if args.search == "grid" else None,
-                machine_words=machine.describe())
+                machine_words=machine.describe(), check_answers=engine not in RANDOM_ENGINES)
 
 
 def _fixed_settings(fixed: list[str], registry: SettingRegistry) -> tuple[dict[str, Any],

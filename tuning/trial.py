@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bench.loadgen import Item
@@ -27,7 +28,7 @@ class Load:
 
     objective: Objective
     items: Sequence[Item]  # the request mix, round robin
-    expected: Sequence[Any]  # the model's own answer to each item (bench/answers.py)
+    expected: Sequence[Any] | None  # the model's own answer to each item (bench/answers.py)
     op: str = "qa"
     model: str | None = None  # the model requests name (a repository's; None: the only one)
     processes: int | None = None  # load-generating processes (default: bench/runs.py's)
@@ -42,6 +43,7 @@ class Server:
     engine: str = "onnx"
     fixed: tuple[str, ...] = ()
     start_timeout_s: float = 300.0
+    cwd: Path | None = None  # where relative paths of the flags start (default: the checkout)
 
 
 @dataclass
@@ -69,7 +71,8 @@ def run_trial(number: int, rung: int, candidate: Candidate, load_s: float, serve
     began = time.perf_counter()
     try:
         proc, port = start_server(server.engine, server.model_dir, 2,
-                                  [*server.fixed, *candidate.flags()], timeout_s=limit)
+                                  [*server.fixed, *candidate.flags()], timeout_s=limit,
+                                  cwd=server.cwd)
     except RuntimeError as exc:
         trial.error = _first_line(exc)
         trial.wall_s = time.perf_counter() - began

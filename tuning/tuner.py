@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from bench.loadgen import Item
+from settings.server_config import ServerConfig
 from tuning.model_alone import ModelAlone, measure_model
 from tuning.search import MIN_LOAD_S, BudgetTooSmall, Search, grid, halving
 from tuning.space import Candidate
@@ -22,12 +23,14 @@ class Plan:
     folder: str  # the model loaded (a repository's: the one the requests name)
     items: Sequence[Item]
     load: Load  # its ``expected`` is filled in from the model alone
+    config: ServerConfig  # the server's settings under the fixed flags: the task's, for one
     candidates: Sequence[Candidate]
     budget_s: float
     device: str = "auto"
     gpu: bool = False
     grid_load_s: float | None = None  # set: the exhaustive grid, each trial this long
     machine_words: str = ""  # the machine, in words
+    check_answers: bool = True  # false for engines that answer at random (zero, sim)
 
 
 @dataclass
@@ -49,12 +52,16 @@ def tune(plan: Plan, *, on_trial: Callable[[Trial], None] | None = None,
         BudgetTooSmall: the budget holds not even one trial (what it holds is said).
     """
     began = time.perf_counter()
-    model = measure_model(plan.folder, plan.server.engine, plan.items, device=plan.device,
-                          gpu=plan.gpu)
+    model = measure_model(plan.folder, plan.server.engine, plan.items, plan.config,
+                          device=plan.device, gpu=plan.gpu)
     if on_model is not None:
         on_model(model)
-    load = Load(**{**vars(plan.load), "expected": model.expected})
+    load = Load(**{**vars(plan.load),
+                   "expected": model.expected if plan.check_answers else None})
     search = Search(plan.server, load, plan.budget_s, started=began, on_trial=on_trial)
+    if not plan.check_answers:
+        search.notes.append(f"answers were not checked: the {plan.server.engine} engine "
+                            "answers at random")
     if plan.grid_load_s is not None:
         winner = grid(search, plan.candidates, plan.grid_load_s)
         return Outcome(model, winner, search.trials, search.notes,
