@@ -179,6 +179,7 @@ def _write_files(outcome: Outcome, plan: Plan, args: argparse.Namespace, fixed: 
             "tool": "tune.py", "objective": vars(objective), "budget_s": args.budget_s,
             "seconds": outcome.seconds, "data": str(args.data or DEFAULT_DATA),
             "model_alone": {k: v for k, v in vars(outcome.model).items() if k != "expected"},
+            "candidates": [dict(c.settings) for c in plan.candidates],
             "winner": winner.number, "notes": outcome.notes,
             "trials": [trial_record(t, objective) for t in outcome.trials]}
         write_json(args.json, document)

@@ -57,6 +57,9 @@ SKIPS: dict[str, str] = {  # a command's words, joined by one space -> why it do
         NEEDS_GPU,
     ".venv/bin/python server.py --role worker --broker redis://:change-me@redis-host:6379/0 "
     "--device cuda:0": NEEDS_GPU,
+    ".venv/bin/python server.py --config tuned.toml":
+        "reads what `tune.py --out tuned.toml` writes, a 10-minute run first; test_tune.py reads "
+        "such a file back with server.py's parser, and test_config_file.py serves one",
 }
 
 

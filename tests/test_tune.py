@@ -7,10 +7,10 @@ answer check."""
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import tune
 from bench.answers import WRONG_ANSWER, agrees, reference_answers
@@ -18,6 +18,7 @@ from bench.mix import load_pairs
 from bench.raw import load_raw_task, task_requests
 from bench.runs import run_closed_loop
 from bench.servers import start_server, stop_servers
+from bench.tune_vs_grid import compare
 from server import setting_registry
 from settings.server_config import given_settings, parse_args
 from tuning.objective import Objective
@@ -110,6 +111,24 @@ def test_server_flags_the_tuner_owns_or_the_server_refuses_are_usage_errors(
 
 
 @pytest.mark.slow
+def test_on_a_simulated_gpu_it_searches_layouts_with_executors_and_precision(
+        tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = tmp_path / "sim.json"
+    status, text, _ = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s", "30",
+                               "--p99_ms", "5000", "--clients", "4", "--json", str(record),
+                               "--", "--inference_engine_type", "sim", "--batching", "auto",
+                               "--length_buckets", "64,128,256,384")
+    assert status == 0, text
+    document = json.loads(record.read_text())
+    candidates = document["candidates"]
+    assert {c["precision"] for c in candidates} == {"fp16", "fp32"}
+    assert {(c["workers"], c["executors"]) for c in candidates} >= {(2, "on"), (1, "off")}
+    assert "answers were not checked: the sim engine answers at random" in document["notes"]
+    probe = document["trials"][0]  # the likeliest: workers around one executor per GPU
+    assert probe["settings"]["executors"] == "on" and probe["verdict"] == "meets"
+
+
+@pytest.mark.slow
 def test_a_wrong_answer_is_counted_as_an_error(tiny_model_dir: Path) -> None:
     pairs = load_pairs(None)[:6]
     from engines import load_engine
@@ -189,3 +208,19 @@ def test_trials_that_meet_rank_first_then_by_throughput_failures_last_open_loop_
     open_loop = Objective(p99_ms=100, rate=40)
     assert sorted(trials, key=lambda n: open_loop.rank_key(trials[n])) == [
         "fast", "faster", "late", "later", "wrong"]  # the lowest p99 first
+
+
+def test_the_comparison_with_the_grid_reads_both_runs_by_the_grid_s_own_figures() -> None:
+    def trial(number: int, sessions: int, rps: float) -> dict[str, object]:
+        return {"number": number, "settings": {"num_inference_sessions": sessions},
+                "figures": {"throughput_rps": rps}}
+
+    tuned = {"seconds": 100.0, "winner": 3, "trials": [trial(1, 1, 9.0), trial(2, 2, 11.0),
+                                                       trial(3, 2, 12.5)]}
+    grid = {"seconds": 400.0, "winner": 2, "trials": [trial(1, 1, 10.0), trial(2, 4, 12.0),
+                                                      trial(3, 2, 11.5)]}
+    figures = compare(tuned, grid)
+    assert figures["of_best"] == pytest.approx(11.5 / 12.0)  # the grid's own figure of it
+    assert figures["time_share"] == 0.25 and figures["grid_best"] == {"num_inference_sessions": 4}
+    with pytest.raises(ValueError, match="not the same candidates"):
+        compare(tuned, {**grid, "trials": grid["trials"][:2]})

@@ -115,8 +115,10 @@ def plot_trials(path: str | Path, trials: Sequence[Trial], objective: Objective,
     if winner is not None and winner.figures:
         axes.scatter([winner.figures["p99_ms"]], [winner.figures["throughput_rps"]], s=240,
                      facecolors="none", edgecolors="black", label="winner")
-    axes.set_xscale("log")
-    axes.set_xlabel("p99 latency (ms, log scale)")
+    p99s = [t.figures["p99_ms"] for t in trials if t.figures] + [objective.p99_ms]
+    wide = min(p99s) > 0 and max(p99s) / min(p99s) > 10
+    axes.set_xscale("log" if wide else "linear")
+    axes.set_xlabel("p99 latency (ms" + (", log scale)" if wide else ")"))
     axes.set_ylabel("requests/s")
     axes.set_title(title, fontsize=9)
     axes.legend(fontsize=8)
