@@ -18,6 +18,8 @@ searched. See docs/tuning.md.
 from __future__ import annotations
 
 import argparse
+import math
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -80,17 +82,17 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         else (argv, [])
     p = build_parser()
     args = p.parse_args(ours)
-    for name in ("p99_ms", "clients", "budget_s", "trial_s"):
-        if getattr(args, name) <= 0:
-            p.error(f"--{name} must be positive")
-    if args.rate is not None and args.rate <= 0:
-        p.error("--rate must be positive")
+    for name in ("p99_ms", "clients", "budget_s", "trial_s", "rate"):
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            p.error(f"--{name} must be a positive number")
     return args, fixed
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point: 0 when the winner meets the objective, 1 when nothing does (said, with
-    by how much), 2 on a usage error or a budget too small for one trial."""
+    by how much), 2 on a usage error, a model that cannot run, a first trial that fails or a
+    budget too small for one trial, 130 when interrupted (SIGINT or SIGTERM)."""
     args, fixed = parse_args(sys.argv[1:] if argv is None else argv)
     objective = Objective(args.p99_ms, args.clients, args.rate)
     try:
@@ -101,27 +103,39 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tune: {plan.server.model_dir} on {plan.server.engine}, {plan.machine_words}; "
           f"objective: {objective.describe()}; {len(plan.candidates)} candidates; budget "
           f"{args.budget_s:g} s", flush=True)
+    seen: dict[str, Any] = {"trials": []}
+    was = signal.signal(signal.SIGTERM, _interrupt)  # a trial's server is stopped either way
     try:
-        outcome = _run(plan, args)
-    except BudgetTooSmall as exc:
-        print(f"tune: {exc}", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:
+        outcome = _run(plan, args, seen)
+    except (BudgetTooSmall, RuntimeError) as exc:
         print(f"tune: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        if seen["trials"] and "model" in seen:
+            print(trials_table(seen["trials"], seen["model"].ceiling_rps, objective))
         print("tune: interrupted", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, was)
     return _report(outcome, plan, args, fixed, objective)
 
 
-def _run(plan: Plan, args: argparse.Namespace) -> Outcome:
-    """Tune, with a progress bar."""
+def _interrupt(signum: int, _frame: Any) -> None:
+    """SIGTERM as Ctrl+C: the trial running stops its server, and the trials so far are
+    printed."""
+    raise KeyboardInterrupt
+
+
+def _run(plan: Plan, args: argparse.Namespace, seen: dict[str, Any]) -> Outcome:
+    """Tune, with a progress bar; the model alone and each trial go into ``seen`` as they
+    come."""
     with Progress(args.budget_s, not args.no_progress) as progress:
         def on_model(model: ModelAlone) -> None:
+            seen["model"] = model
             progress.say(f"the model alone: {model.ceiling_rps:.1f} req/s")
 
         def on_trial(trial: Trial) -> None:
+            seen["trials"].append(trial)
             rps = (trial.figures or {}).get("throughput_rps", 0.0)
             progress.say(f"trial {trial.number} (rung {trial.rung}): {rps:.1f} req/s")
 
@@ -170,7 +184,7 @@ def _write_files(outcome: Outcome, plan: Plan, args: argparse.Namespace, fixed: 
                   f"measured {winner.figures['throughput_rps']:.1f} req/s, p99 "
                   f"{winner.figures['p99_ms']:.0f} ms ({verdict(winner, objective)}); "
                   "use: python server.py --config FILE (flags given there win)"]
-        Path(args.out).write_text(settings_file(fixed, winner.candidate, header),
+        Path(args.out).write_text(settings_file(plan.fixed_settings, winner.candidate, header),
                                   encoding="utf-8")
         print(f"wrote the winner's settings to {Path(args.out).resolve()} "
               f"(server.py --config {args.out})")

@@ -21,8 +21,8 @@ WRONG_ANSWER = "wrong_answer"
 #: Numbers agree within ABS_TOL + REL_TOL x |reference| (fp16 moves a probability by ~1e-3).
 ABS_TOL = 2e-3
 REL_TOL = 1e-2
-#: Two spans tie when their scores are this close: either is the model's answer.
-TIE_TOL = 1e-3
+#: Two answers tie when their scores are this close, relatively: either is the model's.
+TIE_REL_TOL = 1e-2
 
 
 def reference_answers(task: Task, engine: Any, requests: Sequence[Request]) -> list[dict[str, Any]]:
@@ -46,8 +46,9 @@ def wrong_answer(expected: Sequence[Any] | None, index: int, reply: Any) -> str 
 
 def agrees(expected: Any, got: Any) -> bool:
     """Whether ``got`` carries ``expected``: every key of a map (others may be added), every item
-    of a list, strings and booleans equal, numbers close. Two answers whose ``score`` ties
-    (within ``TIE_TOL``) agree whatever their spans: the model cannot tell them apart."""
+    of a list, strings and booleans equal, numbers close. Two QA answers or class labels whose
+    ``score`` ties (within ``TIE_REL_TOL`` of each other) agree whatever their spans or labels:
+    the model cannot tell them apart, and fp16 may break the tie either way."""
     if isinstance(expected, Mapping):
         if not isinstance(got, Mapping):
             return False
@@ -64,9 +65,10 @@ def agrees(expected: Any, got: Any) -> bool:
 
 
 def _tie(expected: Mapping[str, Any], got: Mapping[str, Any]) -> bool:
-    """Two QA answers (``answer`` and ``score``) of equal score: a tie between spans."""
+    """Two answers (a QA span's ``answer`` or a class ``label``, each with its ``score``, every
+    field there) whose scores are relatively this close: a tie."""
     scores = expected.get("score"), got.get("score")
-    if "answer" not in expected or not all(isinstance(s, float) for s in scores) or \
-            not set(expected) <= set(got):
+    if not ("answer" in expected or "label" in expected) or \
+            not all(isinstance(s, float) for s in scores) or not set(expected) <= set(got):
         return False
-    return math.isclose(scores[0], scores[1], rel_tol=0.0, abs_tol=TIE_TOL)
+    return math.isclose(scores[0], scores[1], rel_tol=TIE_REL_TOL, abs_tol=1e-12)

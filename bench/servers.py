@@ -75,6 +75,10 @@ def start_server(kind: str, model_dir: str, sessions: int, extra: list[str],
                 subprocess_drain(proc)
                 return proc, int(match.group(1))
             tail = [*tail[-9:], line.rstrip()]
+    except BaseException:  # Ctrl+C (or anything else) before it serves: it goes too
+        proc.kill()
+        proc.wait()
+        raise
     finally:
         if late is not None:
             late.cancel()

@@ -28,6 +28,9 @@ def compare(tuned: dict[str, Any], grid: dict[str, Any]) -> dict[str, Any]:
     same = [t for t in grid["trials"] if t["settings"] == winner["settings"]]
     if not same:
         raise ValueError("the grid has no trial of the tuner's winner: not the same candidates")
+    if same[0]["figures"] is None or best["figures"] is None:
+        raise ValueError("the grid's trial of the tuner's winner, or its best, has no figures "
+                         "(its server failed): nothing to compare")
     measured = same[0]["figures"]["throughput_rps"]
     best_rps = best["figures"]["throughput_rps"]
     return {"tuner_s": tuned["seconds"], "grid_s": grid["seconds"],

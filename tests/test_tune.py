@@ -22,11 +22,14 @@ from bench.tune_vs_grid import compare
 from server import setting_registry
 from settings.server_config import given_settings, parse_args
 from tuning.objective import Objective
-from tuning.search import BudgetTooSmall, plan, rung_counts
+from tuning.search import BudgetTooSmall, Search, plan, rung_counts, winner
 from tuning.space import Candidate, Machine, search_space
+from tuning.trial import Load, Server, Trial
 
 #: Flags that leave the tiny model few candidates, so that a short budget searches them all.
 FEW = ["--", "--workers", "1", "--threads_per_session", "1"]
+#: And the batching modes alone: 4 candidates.
+MODES = [*FEW, "--num_inference_sessions", "1"]
 
 
 def run_tune(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -35,13 +38,12 @@ def run_tune(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, 
     return status, out.out, out.err
 
 
-@pytest.mark.slow
 def test_a_tiny_model_s_tuning_ends_with_a_winner_the_server_reads(
         tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, record, plot = tmp_path / "tuned.toml", tmp_path / "trials.json", tmp_path / "t.png"
-    status, text, _ = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s", "40",
+    status, text, _ = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s", "45",
                                "--p99_ms", "5000", "--clients", "4", "--out", str(out),
-                               "--json", str(record), "--plot", str(plot), *FEW)
+                               "--json", str(record), "--plot", str(plot), *MODES)
     assert status == 0, text
     document = json.loads(record.read_text())
     trials = document["trials"]
@@ -50,22 +52,22 @@ def test_a_tiny_model_s_tuning_ends_with_a_winner_the_server_reads(
         figures = trial["figures"]
         assert figures["requests"] > 0 and figures["ok"] == figures["requests"], trial
         assert trial["verdict"] == "meets"
-    assert document["seconds"] <= 40 * 1.1
+    assert document["seconds"] <= 45 * 1.2  # plans spend 95% of what is left
     winner = next(t for t in trials if t["number"] == document["winner"])
     assert winner["rung"] == max(t["rung"] for t in trials)
     assert plot.stat().st_size > 10_000
     # the winner: a command line, and a file server.py --config reads, its flags winning
     assert "python server.py --model_dir" in text and "--workers 1" in text
     settings = tomllib.loads(out.read_text())
-    assert settings == {"workers": 1, "threads_per_session": 1, **winner["settings"]}
+    assert settings == {"workers": 1, "num_inference_sessions": 1, "threads_per_session": 1,
+                        **winner["settings"]}
     registry = setting_registry()
     read = parse_args(None, ["--config", str(out), "--max_batch_size", "5"], registry=registry)
-    assert read.num_inference_sessions == settings["num_inference_sessions"]
+    assert (read.workers, read.num_inference_sessions) == (1, 1)
     assert read.batching == settings["batching"] and read.max_batch_size == 5
     assert set(settings) <= given_settings(["--config", str(out)], registry)
 
 
-@pytest.mark.slow
 def test_an_objective_nothing_meets_says_so_and_by_how_much(
         tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     everything = [*FEW, "--num_inference_sessions", "1", "--batching", "off"]  # one candidate
@@ -86,7 +88,6 @@ def test_a_budget_too_small_for_one_trial_is_said_with_what_would_do(
     assert "try --budget_s" in err
 
 
-@pytest.mark.slow
 def test_the_grid_runs_every_candidate_for_the_same_time(
         tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     record = tmp_path / "grid.json"
@@ -110,7 +111,6 @@ def test_server_flags_the_tuner_owns_or_the_server_refuses_are_usage_errors(
         assert status == 2 and words in err, err
 
 
-@pytest.mark.slow
 def test_on_a_simulated_gpu_it_searches_layouts_with_executors_and_precision(
         tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     record = tmp_path / "sim.json"
@@ -128,7 +128,6 @@ def test_on_a_simulated_gpu_it_searches_layouts_with_executors_and_precision(
     assert probe["settings"]["executors"] == "on" and probe["verdict"] == "meets"
 
 
-@pytest.mark.slow
 def test_a_wrong_answer_is_counted_as_an_error(tiny_model_dir: Path) -> None:
     pairs = load_pairs(None)[:6]
     from engines import load_engine
@@ -159,6 +158,12 @@ def test_answers_agree_within_tolerance_and_ties_count_as_agreeing() -> None:
     assert not agrees({"embeddings": [[0.5, -0.25]]}, {"embeddings": [[0.25, -0.25]]})
     assert not agrees({"label": "POSITIVE"}, {"label": "NEGATIVE"})
     assert not agrees({"dim": 2}, {"dim": True})
+    low = {"answer": "a", "score": 1.0e-4, "start": 0, "end": 1}  # low scores are no tie
+    assert not agrees(low, {"answer": "b", "score": 1.5e-4, "start": 2, "end": 3})
+    assert agrees(low, {"answer": "b", "score": 1.005e-4, "start": 2, "end": 3})
+    label = {"label": "POSITIVE", "score": 0.5, "scores": {"POSITIVE": 0.5, "NEGATIVE": 0.5}}
+    assert agrees(label, {"label": "NEGATIVE", "score": 0.501,
+                          "scores": {"POSITIVE": 0.499, "NEGATIVE": 0.501}})  # a tie, broken
 
 
 def test_the_plan_fits_the_budget_and_drops_the_least_likely_candidates_first() -> None:
@@ -224,3 +229,18 @@ def test_the_comparison_with_the_grid_reads_both_runs_by_the_grid_s_own_figures(
     assert figures["time_share"] == 0.25 and figures["grid_best"] == {"num_inference_sessions": 4}
     with pytest.raises(ValueError, match="not the same candidates"):
         compare(tuned, {**grid, "trials": grid["trials"][:2]})
+
+
+def test_the_winner_is_the_best_sound_trial_of_the_highest_round_that_has_one() -> None:
+    search = Search(Server("saved_models"), Load(Objective(p99_ms=100, clients=4), [], None),
+                    budget_s=60)
+
+    def trial(number: int, rung: int, rps: float, ok: int = 10) -> Trial:
+        figures = {"throughput_rps": rps, "p99_ms": 50.0, "ok": ok, "requests": 10}
+        return Trial(number, rung, Candidate((("workers", number),)), 3.0, figures=figures)
+
+    search.trials += [trial(1, 0, 9.0), trial(2, 0, 12.0), trial(3, 1, 10.0),
+                      trial(4, 1, 11.0), trial(5, 2, 30.0, ok=9)]  # the last round's failed
+    assert winner(search).number == 4
+    search.trials.append(Trial(6, 3, Candidate(()), 3.0, error="did not start"))
+    assert winner(search).number == 4

@@ -2,9 +2,13 @@
 model and its load against a latency objective, every trial a real server start under
 bench/'s load (docs/tuning.md).
 
+- ``setup``: tune.py's options checked and turned into a plan;
 - ``space``: the settings searched here, as candidate flag sets;
 - ``objective``: what a trial must meet, and how trials rank;
+- ``model_alone``: the model's engine in-process: the ceiling and the reference answers;
 - ``trial``: one candidate's real server, loaded and checked;
 - ``search``: successive halving under the time budget (and the exhaustive grid);
-- ``report``: the trials table, the plot, the winner's command line and settings file.
+- ``tuner``: a whole run: the model alone, the probe, the search;
+- ``report`` and ``progress``: the trials table, the plot, the winner's command line and
+  settings file; the progress bar.
 """

@@ -48,7 +48,8 @@ class Objective:
                 f"the objective's {self.p99_ms:g} ms")
 
 
-def answered_all(figures: dict[str, Any]) -> bool:
+def answered_all(figures: dict[str, Any] | None) -> bool:
     """Every request of the trial answered, with the model's answer (no error, no
-    ``wrong_answer``)."""
-    return figures["requests"] > 0 and figures["ok"] == figures["requests"]
+    ``wrong_answer``); false for a trial without figures."""
+    return figures is not None and figures["requests"] > 0 and \
+        figures["ok"] == figures["requests"]

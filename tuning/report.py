@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.figures import json_safe
-from tuning.objective import Objective
+from tuning.objective import Objective, answered_all
 from tuning.space import Candidate
 from tuning.trial import Trial
 
@@ -22,7 +22,7 @@ def verdict(trial: Trial, objective: Objective) -> str:
     if trial.figures is None:
         return f"failed: {trial.error}"
     figures = trial.figures
-    if figures["ok"] != figures["requests"]:
+    if not answered_all(figures):
         errors = ", ".join(f"{n} {code}" for code, n in sorted(figures["errors"].items()))
         return f"failed: {errors or 'no request answered'}"
     return "meets" if objective.meets(figures) else "misses"
@@ -49,39 +49,20 @@ def command_line(model_dir: str, fixed: Sequence[str], candidate: Candidate) -> 
     return shlex.join(words)
 
 
-def settings_file(fixed: Sequence[str], candidate: Candidate, header: Sequence[str]) -> str:
-    """The winner as ``server.py --config FILE`` reads it: ``name = value`` lines (the fixed
-    flags' first, then the searched settings'), under ``header`` as comments."""
-    pairs = [*_flag_pairs(fixed), *candidate.settings]
+def settings_file(fixed: Sequence[tuple[str, Any]], candidate: Candidate,
+                  header: Sequence[str]) -> str:
+    """The winner as ``server.py --config`` reads it: ``name = value`` lines (the fixed
+    settings first, then the searched ones), under ``header`` as comments."""
     lines = [f"# {line}" for line in header]
-    lines += [f"{name} = {_toml_value(value)}" for name, value in pairs]
+    lines += [f"{name} = {_toml_value(value)}" for name, value in
+              [*fixed, *candidate.settings]]
     return "\n".join(lines) + "\n"
 
 
-def _flag_pairs(flags: Sequence[str]) -> list[tuple[str, str | int | float]]:
-    """``--name value`` words as (name, value) pairs (``--name=value`` too)."""
-    pairs, words = [], list(flags)
-    while words:
-        word = words.pop(0)
-        name, equals, value = word[2:].partition("=")
-        if not equals and words:
-            value = words.pop(0)
-        pairs.append((name, _number(value)))
-    return pairs
-
-
-def _number(text: str) -> str | int | float:
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def _toml_value(value: str | int | float) -> str:
-    """A TOML scalar: numbers as they are, strings as basic strings (JSON's escapes)."""
-    return json.dumps(value) if isinstance(value, str) else repr(value)
+def _toml_value(value: Any) -> str:
+    """A TOML scalar: numbers as they are, strings as basic strings (JSON's escapes, which
+    TOML's basic strings share; characters beyond ASCII as themselves)."""
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) else repr(value)
 
 
 def write_json(path: str | Path, document: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tuning.objective import Objective
+from tuning.objective import Objective, answered_all
 from tuning.space import Candidate
 from tuning.trial import Load, Server, Trial, run_trial
 
@@ -23,6 +23,9 @@ from tuning.trial import Load, Server, Trial, run_trial
 ETA = 3
 #: The shortest load a trial is given (seconds): below it, p99 is a handful of requests.
 MIN_LOAD_S = 3.0
+#: The share of the budget left that each plan spends: trials that start slower than those
+#: before them (more processes) take the rest.
+PLANNED = 0.95
 
 
 class BudgetTooSmall(Exception):
@@ -78,6 +81,7 @@ class Search:
 
     @property
     def objective(self) -> Objective:
+        """The objective trials are ranked by."""
         return self.load.objective
 
     def left_s(self) -> float:
@@ -86,9 +90,11 @@ class Search:
 
     def run(self, rung: int, candidate: Candidate, load_s: float,
             start_timeout_s: float | None = None) -> Trial:
-        """One trial, recorded."""
+        """One trial, recorded (its server's start given at most ``start_timeout_s``, and
+        never more than ``Server.start_timeout_s``)."""
+        limit = min(start_timeout_s or self.server.start_timeout_s, self.server.start_timeout_s)
         trial = run_trial(len(self.trials) + 1, rung, candidate, load_s, self.server, self.load,
-                          start_timeout_s)
+                          limit)
         self.trials.append(trial)
         if self.on_trial is not None:
             self.on_trial(trial)
@@ -106,41 +112,63 @@ class Search:
 
 def halving(search: Search, candidates: Sequence[Candidate]) -> Trial:
     """Successive halving over ``candidates`` (most likely first) within what is left of the
-    budget; the winner's trial (the best of the last rung run).
+    budget; the winner's trial (``winner``: the best of the last rung where a trial answered
+    everything).
 
     Raises:
         BudgetTooSmall: not even the first rung's shortest trial of one candidate fits.
     """
-    rungs = plan(len(candidates), search.overhead_s(), search.left_s())
+    rungs = plan(len(candidates), search.overhead_s(), PLANNED * search.left_s())
     if rungs[0].count < len(candidates):
         search.notes.append(f"the budget holds {rungs[0].count} of {len(candidates)} "
                             "candidates: the rest (least likely first) were not tried")
     alive = list(candidates[:rungs[0].count])
-    winner: Trial | None = None
     for k, rung in enumerate(rungs):
         load_s = rung.load_s
         if k:  # re-planned on what is left and what trials have really cost
             try:
-                left = plan(len(alive), search.overhead_s(), search.left_s())
+                left = plan(len(alive), search.overhead_s(), PLANNED * search.left_s())
             except BudgetTooSmall:
-                search.notes.append(f"the budget ran short: rung {k} was not run, and the "
-                                    f"winner is rung {k - 1}'s best")
+                search.notes.append(f"the budget ran short: rung {k} was not run")
                 break
             if left[0].count < len(alive):
                 search.notes.append(f"the budget ran short: rung {k} ran the best "
                                     f"{left[0].count} of {len(alive)}")
                 alive = alive[:left[0].count]
             load_s = left[0].load_s
-        ranked = search.best([search.run(k, c, load_s) for c in alive])
-        winner = ranked[0]
-        if len(alive) == 1:
+        ranked = search.best(_rung(search, k, alive, load_s))
+        sound = [t.candidate for t in ranked if answered_all(t.figures)]
+        if len(alive) == 1 or len(sound) < 2:
             break
-        alive = [t.candidate for t in ranked[:math.ceil(len(alive) / ETA)]]
-    assert winner is not None
-    return winner
+        alive = sound[:math.ceil(len(alive) / ETA)]
+    return winner(search)
+
+
+def _rung(search: Search, k: int, candidates: Sequence[Candidate],
+          load_s: float) -> list[Trial]:
+    """One rung's trials, stopping short (said) where the next would overrun the budget."""
+    trials = []
+    for n, candidate in enumerate(candidates):
+        if n and search.left_s() < search.overhead_s() + load_s:
+            search.notes.append(f"the budget ran short: rung {k} tried {n} of "
+                                f"{len(candidates)}")
+            break
+        trials.append(search.run(k, candidate, load_s,
+                                 start_timeout_s=max(10.0, search.left_s() - load_s)))
+    return trials
+
+
+def winner(search: Search) -> Trial:
+    """The best trial of the highest rung where one answered everything (the longest
+    measured), else the best of all."""
+    sound = [t for t in search.trials if answered_all(t.figures)]
+    top = max((t.rung for t in sound), default=None)
+    return search.best([t for t in sound if t.rung == top] if sound else search.trials)[0]
 
 
 def grid(search: Search, candidates: Sequence[Candidate], load_s: float) -> Trial:
     """Every candidate for ``load_s`` seconds (no budget): the exhaustive reference the
-    halving is measured against; the best trial."""
-    return search.best([search.run(0, c, load_s) for c in candidates])[0]
+    halving is measured against; the best trial (``winner``)."""
+    for candidate in candidates:
+        search.run(0, candidate, load_s)
+    return winner(search)

@@ -4,6 +4,7 @@ checked as server.py checks them, the machine, and the candidates."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -51,10 +52,7 @@ def plan_from(args: argparse.Namespace, fixed: list[str], objective: Objective,
                          "it to the winner's command line")
     device = config["device"] if "device" in given else None
     machine = Machine.here(config["inference_engine_type"], device)
-    name, folder, several = _model(args.model_dir, args.model)
-    from engines.model_dir import load_model_info
-
-    task = load_model_info(folder).task
+    name, folder, task, several = _model(args.model_dir, args.model)
     if task not in TASKS:
         raise SetupError(f"model {name} is a {task} model; the tuner loads {', '.join(TASKS)}")
     try:
@@ -68,7 +66,15 @@ def plan_from(args: argparse.Namespace, fixed: list[str], objective: Objective,
                 search_space(machine, {k: config[k] for k in given}), args.budget_s,
                 device=device or "auto", gpu=machine.gpus > 0,
                 grid_load_s=args.trial_s if args.search == "grid" else None,
-                machine_words=machine.describe(), check_answers=engine not in RANDOM_ENGINES)
+                machine_words=machine.describe(), check_answers=engine not in RANDOM_ENGINES,
+                fixed_settings=_as_file_settings(config, given))
+
+
+def _as_file_settings(config: dict[str, Any], given: set[str]) -> tuple[tuple[str, Any], ...]:
+    """The fixed settings as ``--config`` file names (each flag without its dashes) and
+    values, in ServerConfig's order: what the winner's settings file holds first."""
+    return tuple(((f.metadata["flag"] or f"--{f.name}")[2:], config[f.name])
+                 for f in fields(ServerConfig) if f.name in given)
 
 
 def _fixed_settings(fixed: list[str], registry: SettingRegistry) -> tuple[dict[str, Any],
@@ -89,9 +95,9 @@ def _fixed_settings(fixed: list[str], registry: SettingRegistry) -> tuple[dict[s
     return vars(config), given_settings(fixed, registry)
 
 
-def _model(model_dir: str, model: str | None) -> tuple[str, Path, bool]:
-    """(name, folder, whether the repository holds several) of the model to tune for."""
-    from engines.model_dir import ModelDirError, find_models
+def _model(model_dir: str, model: str | None) -> tuple[str, Path, str, bool]:
+    """(name, folder, task, whether the repository holds several) of the model to tune for."""
+    from engines.model_dir import ModelDirError, find_models, load_model_info
 
     try:
         found = dict(find_models(model_dir))
@@ -103,4 +109,8 @@ def _model(model_dir: str, model: str | None) -> tuple[str, Path, bool]:
                          "with --model")
     if name not in found:
         raise SetupError(f"no model {name!r} in {model_dir} (its models: {', '.join(found)})")
-    return name, found[name], len(found) > 1
+    try:
+        task = load_model_info(found[name]).task
+    except (ModelDirError, OSError, ValueError) as exc:
+        raise SetupError(f"model {name}: {exc}") from None
+    return name, found[name], task, len(found) > 1

@@ -81,8 +81,8 @@ def run_trial(number: int, rung: int, candidate: Candidate, load_s: float, serve
     trial.start_s = time.perf_counter() - began
     try:
         trial.figures = _load(port, load_s, load)
-    except ConnectionError as exc:
-        trial.error = f"load failed: {exc}"
+    except (ConnectionError, RuntimeError, TimeoutError) as exc:  # unreachable, hung, died
+        trial.error = f"load failed: {type(exc).__name__}: {exc}"
     finally:
         stop_servers(proc, timeout_s=30)
         trial.wall_s = time.perf_counter() - began

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from bench.loadgen import Item
 from settings.server_config import ServerConfig
@@ -31,6 +32,8 @@ class Plan:
     grid_load_s: float | None = None  # set: the exhaustive grid, each trial this long
     machine_words: str = ""  # the machine, in words
     check_answers: bool = True  # false for engines that answer at random (zero, sim)
+    #: the fixed flags' settings as a --config file names them (flag without dashes, value)
+    fixed_settings: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass
@@ -50,10 +53,15 @@ def tune(plan: Plan, *, on_trial: Callable[[Trial], None] | None = None,
 
     Raises:
         BudgetTooSmall: the budget holds not even one trial (what it holds is said).
+        RuntimeError: the model alone could not run, or the probe trial failed (said).
     """
     began = time.perf_counter()
-    model = measure_model(plan.folder, plan.server.engine, plan.items, plan.config,
-                          device=plan.device, gpu=plan.gpu)
+    try:
+        model = measure_model(plan.folder, plan.server.engine, plan.items, plan.config,
+                              device=plan.device, gpu=plan.gpu)
+    except Exception as exc:  # noqa: BLE001 - any failure to load or run it: said, exit 2
+        raise RuntimeError(f"the model alone could not run: {type(exc).__name__}: {exc}") \
+            from exc
     if on_model is not None:
         on_model(model)
     load = Load(**{**vars(plan.load),
@@ -95,7 +103,9 @@ def _probe(search: Search, candidate: Candidate, model: ModelAlone) -> Trial:
                              f"which left no time for its {MIN_LOAD_S:g} s of load; try "
                              f"--budget_s {_floor(model):.0f} or more")
     if probe.figures is None:
-        raise RuntimeError(f"the first trial's server did not start: {probe.error}")
+        raise RuntimeError(f"the first trial (the likeliest candidate: "
+                           f"{candidate.label() or 'the flags after --'}) failed, so what a "
+                           f"trial costs is unknown: {probe.error}")
     return probe
 
 
