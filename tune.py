@@ -146,9 +146,7 @@ def _report(outcome: Outcome, plan: Plan, args: argparse.Namespace, fixed: list[
             objective: Objective) -> int:
     """Print the trials and the winner, write the files asked for; the exit status."""
     model, winner = outcome.model, outcome.winner
-    per_batch = ", ".join(f"batch {b}: {r:.1f}" for b, r in model.per_batch_rps.items())
-    print(f"\nthe model alone (in-process, every core): ceiling {model.ceiling_rps:.1f} req/s "
-          f"at batch {model.best_batch} ({per_batch} req/s)")
+    print(f"\nthe model alone (in-process): {model.describe()}")
     print(trials_table(outcome.trials, model.ceiling_rps, objective))
     for note in outcome.notes:
         print(f"note: {note}")

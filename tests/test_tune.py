@@ -71,7 +71,7 @@ def test_a_tiny_model_s_tuning_ends_with_a_winner_the_server_reads(
 def test_an_objective_nothing_meets_says_so_and_by_how_much(
         tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     everything = [*FEW, "--num_inference_sessions", "1", "--batching", "off"]  # one candidate
-    status, text, _ = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s", "20",
+    status, text, _ = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s", "12",
                                "--p99_ms", "0.01", "--clients", "2", *everything)
     assert status == 1, text
     assert "nothing meets the objective (the most requests/s with p99 at most 0.01 ms at 2 " \
@@ -114,7 +114,7 @@ def test_server_flags_the_tuner_owns_or_the_server_refuses_are_usage_errors(
 def test_on_a_simulated_gpu_it_searches_layouts_with_executors_and_precision(
         tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     record = tmp_path / "sim.json"
-    status, text, _ = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s", "30",
+    status, text, _ = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s", "20",
                                "--p99_ms", "5000", "--clients", "4", "--json", str(record),
                                "--", "--inference_engine_type", "sim", "--batching", "auto",
                                "--length_buckets", "64,128,256,384")

@@ -1,10 +1,14 @@
 """The model alone, measured before any server: its engine called in-process on every core (or
 the GPU), which gives the ceiling each trial is set against and the reference answers every
-trial's replies are checked against."""
+trial's replies are checked against. On a CPU the ceiling is the better of one engine on every
+core (at batches 1, 4 and 16) and one engine of one thread per core, all at once (as the
+server's sessions run)."""
 
 from __future__ import annotations
 
 import math
+import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +26,8 @@ BATCH_SIZES_CPU = (4, 16)
 BATCH_SIZES_GPU = (8, 32, 64)
 #: Requests run per batch size, at least.
 MIN_REQUESTS = 32
+#: Most one-thread engines run at once on a CPU (one per core).
+MAX_PARALLEL = 8
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,14 @@ class ModelAlone:
     per_batch_rps: dict[int, float]
     expected: list[dict[str, Any]]
     seconds: float  # what measuring it took, model load included
+    parallel: tuple[int, float] | None = None  # CPU: (engines of one thread each, requests/s)
+
+    def describe(self) -> str:
+        """The figures in words."""
+        batches = ", ".join(f"batch {b}: {r:.1f}" for b, r in self.per_batch_rps.items())
+        engines = f"; {self.parallel[0]} one-thread engines at once, batch 1: " \
+            f"{self.parallel[1]:.1f}" if self.parallel else ""
+        return f"ceiling {self.ceiling_rps:.1f} req/s ({batches}{engines} req/s)"
 
 
 def measure_model(folder: str | Path, engine_kind: str, items: Sequence[Item],
@@ -58,4 +72,29 @@ def measure_model(folder: str | Path, engine_kind: str, items: Sequence[Item],
         rates[size] = size * count / sum(run_batches(task, engine, requests, size, count,
                                                      offset=size))
     best = max(rates, key=lambda size: rates[size])
-    return ModelAlone(rates[best], best, rates, expected, time.perf_counter() - began)
+    engines = min(os.cpu_count() or 1, MAX_PARALLEL)
+    parallel = None if gpu or engines < 2 else \
+        (engines, _parallel_rate(task, engine_kind, folder, requests, engines))
+    ceiling = max(rates[best], parallel[1] if parallel else 0.0)
+    return ModelAlone(ceiling, best, rates, expected, time.perf_counter() - began, parallel)
+
+
+def _parallel_rate(task: Any, engine_kind: str, folder: str | Path,
+                   requests: Sequence[Any], engines: int) -> float:
+    """Requests/s of ``engines`` engines of one thread each, each called by a thread of its
+    own at batch 1: the cores used as the server's sessions use them."""
+    from engines import load_engine
+
+    loaded = [load_engine(engine_kind, folder, threads=1, device="cpu") for _ in range(engines)]
+    for engine in loaded:
+        run_batches(task, engine, requests, 1, 1, offset=0)  # the first run's set-up
+    each = math.ceil(MIN_REQUESTS / engines)
+    threads = [threading.Thread(target=run_batches, args=(task, engine, requests, 1, each,
+                                                          n * each))
+               for n, engine in enumerate(loaded)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return each * engines / (time.perf_counter() - started)
