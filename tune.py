@@ -28,7 +28,7 @@ from bench.mix import DEFAULT_DATA
 from server import setting_registry
 from settings.cli import HelpFormatter
 from tuning.model_alone import ModelAlone
-from tuning.objective import Objective
+from tuning.objective import Objective, answered_all
 from tuning.progress import Progress
 from tuning.report import (
     command_line,
@@ -150,11 +150,13 @@ def _report(outcome: Outcome, plan: Plan, args: argparse.Namespace, fixed: list[
     print(trials_table(outcome.trials, model.ceiling_rps, objective))
     for note in outcome.notes:
         print(f"note: {note}")
-    print(f"took {outcome.seconds:.0f} s of the {args.budget_s:g} s budget, "
-          f"{len(outcome.trials)} trials")
+    budget = "(a grid: the budget does not apply)" if plan.grid_load_s else \
+        f"of the {args.budget_s:g} s budget"
+    print(f"took {outcome.seconds:.0f} s {budget}, {len(outcome.trials)} trials")
     status = 0
-    if winner is None or winner.figures is None:
-        print("no trial produced figures: nothing to recommend")
+    if winner is None or not answered_all(winner.figures):
+        print("no trial answered every request correctly: nothing to recommend")
+        _write_files(outcome, plan, args, objective, recommend=False)
         return 1
     figures = winner.figures
     rps = figures["throughput_rps"]
@@ -168,16 +170,15 @@ def _report(outcome: Outcome, plan: Plan, args: argparse.Namespace, fixed: list[
         print(f"nothing meets the objective ({objective.describe()}): the best is trial "
               f"{winner.number}, and {objective.shortfall(figures)}")
     print(f"\n  {command_line(args.model_dir, fixed, winner.candidate)}")
-    _write_files(outcome, plan, args, fixed, objective)
+    _write_files(outcome, plan, args, objective, recommend=True)
     return status
 
 
-def _write_files(outcome: Outcome, plan: Plan, args: argparse.Namespace, fixed: list[str],
-                 objective: Objective) -> None:
-    """--out, --json and --plot."""
+def _write_files(outcome: Outcome, plan: Plan, args: argparse.Namespace,
+                 objective: Objective, recommend: bool) -> None:
+    """--out (where there is a winner to ``recommend``), --json and --plot."""
     winner = outcome.winner
-    assert winner is not None and winner.figures is not None
-    if args.out:
+    if args.out and recommend and winner is not None and winner.figures is not None:
         header = [f"qa-tune's winner for {args.model_dir}: {objective.describe()}",
                   f"measured {winner.figures['throughput_rps']:.1f} req/s, p99 "
                   f"{winner.figures['p99_ms']:.0f} ms ({verdict(winner, objective)}); "
@@ -192,12 +193,12 @@ def _write_files(outcome: Outcome, plan: Plan, args: argparse.Namespace, fixed: 
             "seconds": outcome.seconds, "data": str(args.data or DEFAULT_DATA),
             "model_alone": {k: v for k, v in vars(outcome.model).items() if k != "expected"},
             "candidates": [dict(c.settings) for c in plan.candidates],
-            "winner": winner.number, "notes": outcome.notes,
+            "winner": winner.number if recommend and winner else None, "notes": outcome.notes,
             "trials": [trial_record(t, objective) for t in outcome.trials]}
         write_json(args.json, document)
         print(f"wrote every figure to {Path(args.json).resolve()}")
     if args.plot:
-        plot_trials(args.plot, outcome.trials, objective, winner,
+        plot_trials(args.plot, outcome.trials, objective, winner if recommend else None,
                     f"qa-tune: {args.model_dir}, {plan.machine_words}; {objective.describe()}")
         print(f"wrote the plot to {Path(args.plot).resolve()}")
 

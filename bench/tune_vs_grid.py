@@ -23,6 +23,9 @@ def compare(tuned: dict[str, Any], grid: dict[str, Any]) -> dict[str, Any]:
     """The comparison's figures: each side's winner, the grid's figure for the tuner's winner
     against the grid's best (``of_best``), and the tuner's time against the grid's
     (``time_share``)."""
+    if tuned["winner"] is None or grid["winner"] is None:
+        raise ValueError("a run without a winner (no trial answered every request): nothing "
+                         "to compare")
     winner = _trial(tuned, tuned["winner"])
     best = _trial(grid, grid["winner"])
     same = [t for t in grid["trials"] if t["settings"] == winner["settings"]]

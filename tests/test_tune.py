@@ -80,6 +80,20 @@ def test_an_objective_nothing_meets_says_so_and_by_how_much(
     assert "misses" in text and "python server.py" in text  # the closest, still given
 
 
+def test_the_open_loop_objective_is_the_lowest_p99_at_a_rate(
+        tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = tmp_path / "open.json"
+    status, text, _ = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s", "12",
+                               "--rate", "40", "--p99_ms", "5000", "--json", str(record),
+                               *MODES, "--batching", "off")  # one candidate
+    assert status == 0, text
+    assert "the lowest p99 at 40 requests/s (open loop), at most 5000 ms" in text
+    for trial in json.loads(record.read_text())["trials"]:
+        figures = trial["figures"]
+        assert figures["settings"]["mode"] == "open" and figures["settings"]["rate"] == 40
+        assert figures["ok"] == figures["requests"] > 0  # every reply checked, and right
+
+
 def test_a_budget_too_small_for_one_trial_is_said_with_what_would_do(
         tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s", "1")

@@ -35,7 +35,7 @@ def trials_table(trials: Sequence[Trial], ceiling_rps: float, objective: Objecti
     for t in trials:
         f = t.figures or {}
         rps = f.get("throughput_rps", 0.0)
-        batch = (f.get("server") or {}).get("mean_batch_size", 0.0)
+        batch = (f.get("server") or {}).get("mean_batch_size") or 0.0
         lines.append(f"{t.number:>3} {RUNG_NAMES.get(t.rung, str(t.rung)):>5} "
                      f"{t.load_s:>6.1f} {rps:>8.1f} {rps / ceiling_rps:>7.2f} "
                      f"{f.get('p50_ms', float('nan')):>8.1f} {f.get('p99_ms', float('nan')):>8.1f} "
