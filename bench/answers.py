@@ -1,6 +1,7 @@
-"""Checking a server's answers against the model's own: each request of the mix run alone
-through the task in-process (the reference), and a reply agrees with it when every field it
-has matches, numbers to within what batching, padding and half precision change.
+"""Checking a server's answers against the model's own (the reference: each request of the mix
+run alone through the task in-process, ``bench.raw.reference_answers``): a reply agrees with it
+when every field it has matches, numbers to within what batching, padding and half precision
+change.
 
 A load run given the reference (``run_closed_loop(..., expected=...)``) counts a reply that
 disagrees as the error ``wrong_answer``, so a configuration that answers fast but wrongly
@@ -13,9 +14,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from protocol.messages import Request
-from tasks.base import Task
-
 #: The error code a reply that disagrees with the reference is counted under.
 WRONG_ANSWER = "wrong_answer"
 #: Numbers agree within ABS_TOL + REL_TOL x |reference| (fp16 moves a probability by ~1e-3).
@@ -23,17 +21,6 @@ ABS_TOL = 2e-3
 REL_TOL = 1e-2
 #: Two answers tie when their scores are this close, relatively: either is the model's.
 TIE_REL_TOL = 1e-2
-
-
-def reference_answers(task: Task, engine: Any, requests: Sequence[Request]) -> list[dict[str, Any]]:
-    """Each request's answer from ``engine`` alone, one request per batch (no padding): what
-    the server must answer whatever its batching."""
-    answers = []
-    for request in requests:
-        features = [task.features(request)]
-        outputs = task.split_outputs(features, engine.run(task.collate(features)))
-        answers.append(task.postprocess(features[0], *outputs[0]))
-    return answers
 
 
 def wrong_answer(expected: Sequence[Any] | None, index: int, reply: Any) -> str | None:

@@ -27,7 +27,8 @@ from settings.server_config import ServerConfig
 from tasks import load_task
 from tasks.base import Task
 
-__all__ = ["load_raw_task", "raw_ceiling", "raw_parallel", "run_batches", "task_requests"]
+__all__ = ["answer_batch", "load_raw_task", "raw_ceiling", "raw_parallel", "reference_answers",
+           "run_batches", "run_parallel", "task_requests"]
 
 
 def load_raw_task(model_dir: str | Path) -> Task:
@@ -50,6 +51,19 @@ def task_requests(task: Task, items: Sequence[Item]) -> list[Request]:
     return requests
 
 
+def answer_batch(task: Task, engine: Any, batch: Sequence[Request]) -> list[dict[str, Any]]:
+    """``batch`` run as one through the whole task contract: each request's answer."""
+    features = [task.features(request) for request in batch]
+    outputs = task.split_outputs(features, engine.run(task.collate(features)))
+    return [task.postprocess(one, *arrays) for one, arrays in zip(features, outputs, strict=True)]
+
+
+def reference_answers(task: Task, engine: Any, requests: Sequence[Request]) -> list[dict[str, Any]]:
+    """Each request's answer from ``engine`` alone, one request per batch (no padding): what a
+    server must answer whatever its batching (bench/answers.py checks replies against it)."""
+    return [answer_batch(task, engine, [request])[0] for request in requests]
+
+
 def run_batches(task: Task, engine: Any, requests: Sequence[Request], size: int, count: int,
                 offset: int) -> list[float]:
     """Run ``count`` batches of ``size`` requests (round robin from ``offset``) through the whole
@@ -57,13 +71,31 @@ def run_batches(task: Task, engine: Any, requests: Sequence[Request], size: int,
     seconds = []
     for b in range(count):
         started = time.perf_counter()
-        chosen = [requests[(offset + b * size + i) % len(requests)] for i in range(size)]
-        features = [task.features(request) for request in chosen]
-        outputs = task.split_outputs(features, engine.run(task.collate(features)))
-        for one, arrays in zip(features, outputs, strict=True):
-            task.postprocess(one, *arrays)
+        answer_batch(task, engine,
+                     [requests[(offset + b * size + i) % len(requests)] for i in range(size)])
         seconds.append(time.perf_counter() - started)
     return seconds
+
+
+def run_parallel(task: Task, engines: Sequence[Any], requests: Sequence[Request],
+                 per_engine: int) -> tuple[float, list[float]]:
+    """Each engine called from a thread of its own, all at once, ``per_engine`` requests at
+    batch 1 (after two uncounted ones each); the seconds they all took, and each request's."""
+    latencies: list[list[float]] = [[] for _ in engines]
+    for engine in engines:
+        run_batches(task, engine, requests, 1, 2, offset=0)  # warm-up
+
+    def work(n: int) -> None:
+        latencies[n] = run_batches(task, engines[n], requests, 1, per_engine,
+                                   offset=n * per_engine)
+
+    workers = [threading.Thread(target=work, args=(n,)) for n in range(len(engines))]
+    started = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return time.perf_counter() - started, sum(latencies, [])
 
 
 def raw_ceiling(kind: str, model_dir: str | Path, items: Sequence[Item], batch_sizes: list[int],
@@ -113,25 +145,11 @@ def raw_parallel(kind: str, model_dir: str | Path, items: Sequence[Item], engine
     loaded = [load_engine(kind, model_dir, threads=threads, device=device, precision=precision)
               for _ in range(engines)]
     per_engine = -(-min_pairs // engines)
-    latencies: list[list[float]] = [[] for _ in loaded]
-    for engine in loaded:
-        run_batches(task, engine, requests, 1, 2, offset=0)  # warm-up
-
-    def work(n: int) -> None:
-        latencies[n] = run_batches(task, loaded[n], requests, 1, per_engine,
-                                   offset=n * per_engine)
-
-    workers = [threading.Thread(target=work, args=(n,)) for n in range(engines)]
-    started = time.perf_counter()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    elapsed = time.perf_counter() - started
+    elapsed, latencies = run_parallel(task, loaded, requests, per_engine)
     label = {"model": model or Path(model_dir).resolve().name, "task": task.name}
     return raw_row(kind, f"{engines} engines x {threads} thread(s), parallel"
                    + _precision_note(loaded[0]), 1, per_engine * engines, elapsed,
-                   sum(latencies, []), label)
+                   latencies, label)
 
 
 def _precision_note(engine: Any) -> str:

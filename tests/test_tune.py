@@ -13,9 +13,9 @@ import pytest
 import tomllib
 
 import tune
-from bench.answers import WRONG_ANSWER, agrees, reference_answers
+from bench.answers import WRONG_ANSWER, agrees
 from bench.mix import load_pairs
-from bench.raw import load_raw_task, task_requests
+from bench.raw import load_raw_task, reference_answers, task_requests
 from bench.runs import run_closed_loop
 from bench.servers import start_server, stop_servers
 from bench.tune_vs_grid import compare

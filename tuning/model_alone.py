@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.answers import reference_answers
 from bench.loadgen import Item
-from bench.raw import run_batches, task_requests
+from bench.raw import reference_answers, run_batches, run_parallel, task_requests
 from settings.server_config import ServerConfig
 from tasks import load_task
 
@@ -86,15 +84,6 @@ def _parallel_rate(task: Any, engine_kind: str, folder: str | Path,
     from engines import load_engine
 
     loaded = [load_engine(engine_kind, folder, threads=1, device="cpu") for _ in range(engines)]
-    for engine in loaded:
-        run_batches(task, engine, requests, 1, 1, offset=0)  # the first run's set-up
     each = math.ceil(MIN_REQUESTS / engines)
-    threads = [threading.Thread(target=run_batches, args=(task, engine, requests, 1, each,
-                                                          n * each))
-               for n, engine in enumerate(loaded)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return each * engines / (time.perf_counter() - started)
+    elapsed, _ = run_parallel(task, loaded, requests, each)
+    return each * engines / elapsed
