@@ -234,7 +234,7 @@ class ServerConfig:
                           "frame_timeout_s", "auth_timeout_s",
                           "max_question_chars", "max_context_chars", "max_texts",
                           "shutdown_timeout_s")
-        flags = {f.name: f.metadata["flag"] or f"--{f.name}" for f in fields(self)}
+        flags = setting_flags()
         return ([f"{flags[name]} must be at least 1" for name in at_least_one
                  if getattr(self, name) < 1]
                 + [f"{flags[name]} must not be negative" for name in never_negative
@@ -317,6 +317,12 @@ class ServerConfig:
                            max_context_chars=self.max_context_chars, max_texts=self.max_texts)
 
 
+def setting_flags() -> dict[str, str]:
+    """Each setting's flag (``--NAME`` unless its field says else), by the setting's name, in
+    ServerConfig's order."""
+    return {f.name: f.metadata["flag"] or f"--{f.name}" for f in fields(ServerConfig)}
+
+
 _TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "int | None": int,
                            "str | None": str}
 
@@ -326,10 +332,11 @@ def build_parser(description: str | None,
     """An argument parser with one flag per ServerConfig field, each showing its default; the
     owned settings' choices come from ``registry``."""
     parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
+    flags = setting_flags()
     for f in fields(ServerConfig):
         meta = f.metadata
         choices = registry.allowed(f.name) if meta["choices"] is OWNED else meta["choices"]
-        parser.add_argument(meta["flag"] or f"--{f.name}", dest=f.name,
+        parser.add_argument(flags[f.name], dest=f.name,
                             type=_TYPES[str(f.type)], default=f.default, choices=choices,
                             help=meta["help"])
     return parser

@@ -4,7 +4,6 @@ checked as server.py checks them, the machine, and the candidates."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -15,6 +14,7 @@ from settings.server_config import (
     config_from_args,
     full_parser,
     given_settings,
+    setting_flags,
 )
 from tuning.objective import Objective
 from tuning.space import Machine, search_space
@@ -50,8 +50,9 @@ def plan_from(args: argparse.Namespace, fixed: list[str], objective: Objective,
         raise SetupError(f"--{owned[0]} after -- is the tuner's to set (each trial listens on "
                          "127.0.0.1, a free port, plain TCP, no token): tune without it and add "
                          "it to the winner's command line")
-    device = config["device"] if "device" in given else None
-    machine = Machine.here(config["inference_engine_type"], device)
+    device = config.device if "device" in given else None
+    engine = config.inference_engine_type
+    machine = Machine.here(engine, device)
     name, folder, task, several = _model(args.model_dir, args.model)
     if task not in TASKS:
         raise SetupError(f"model {name} is a {task} model; the tuner loads {', '.join(TASKS)}")
@@ -60,24 +61,23 @@ def plan_from(args: argparse.Namespace, fixed: list[str], objective: Objective,
     except (OSError, ValueError) as exc:
         raise SetupError(f"--data: {exc}") from None
     load = Load(objective, items, None, op=task, model=name if several else None)
-    engine = config["inference_engine_type"]
     server = Server(args.model_dir, engine, tuple(fixed), cwd=Path.cwd())
-    return Plan(server, str(folder), items, load, ServerConfig(**config),
-                search_space(machine, {k: config[k] for k in given}), args.budget_s,
+    return Plan(server, str(folder), items, load, config,
+                search_space(machine, {k: getattr(config, k) for k in given}), args.budget_s,
                 device=device or "auto", gpu=machine.gpus > 0,
                 grid_load_s=args.trial_s if args.search == "grid" else None,
                 machine_words=machine.describe(), check_answers=engine not in RANDOM_ENGINES,
                 fixed_settings=_as_file_settings(config, given))
 
 
-def _as_file_settings(config: dict[str, Any], given: set[str]) -> tuple[tuple[str, Any], ...]:
+def _as_file_settings(config: ServerConfig, given: set[str]) -> tuple[tuple[str, Any], ...]:
     """The fixed settings as ``--config`` file names (each flag without its dashes) and
     values, in ServerConfig's order: what the winner's settings file holds first."""
-    return tuple(((f.metadata["flag"] or f"--{f.name}")[2:], config[f.name])
-                 for f in fields(ServerConfig) if f.name in given)
+    return tuple((flag[2:], getattr(config, name)) for name, flag in setting_flags().items()
+                 if name in given)
 
 
-def _fixed_settings(fixed: list[str], registry: SettingRegistry) -> tuple[dict[str, Any],
+def _fixed_settings(fixed: list[str], registry: SettingRegistry) -> tuple[ServerConfig,
                                                                          set[str]]:
     """The server's settings under the fixed flags (checked as server.py checks them), and
     the names of those the flags give."""
@@ -91,8 +91,7 @@ def _fixed_settings(fixed: list[str], registry: SettingRegistry) -> tuple[dict[s
     if parsed.pop("config"):
         refuse("--config: give the file's settings as flags, so the tuner knows them")
     parsed.pop("log_level")
-    config = config_from_args(parser, parsed, registry)
-    return vars(config), given_settings(fixed, registry)
+    return config_from_args(parser, parsed, registry), given_settings(fixed, registry)
 
 
 def _model(model_dir: str, model: str | None) -> tuple[str, Path, str, bool]:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bench.loadgen import Item
 from settings.server_config import ServerConfig
 from tuning.model_alone import ModelAlone, measure_model
-from tuning.search import MIN_LOAD_S, BudgetTooSmall, Search, grid, halving
+from tuning.search import ETA, MIN_LOAD_S, BudgetTooSmall, Search, grid, halving, rung_counts
 from tuning.space import Candidate
 from tuning.trial import Load, Server, Trial
 
@@ -64,8 +64,7 @@ def tune(plan: Plan, *, on_trial: Callable[[Trial], None] | None = None,
             from exc
     if on_model is not None:
         on_model(model)
-    load = Load(**{**vars(plan.load),
-                   "expected": model.expected if plan.check_answers else None})
+    load = replace(plan.load, expected=model.expected if plan.check_answers else None)
     search = Search(plan.server, load, plan.budget_s, started=began, on_trial=on_trial)
     if not plan.check_answers:
         search.notes.append(f"answers were not checked: the {plan.server.engine} engine "
@@ -116,8 +115,6 @@ def _floor(model: ModelAlone) -> float:
 
 def _enough(search: Search, candidates: int) -> float:
     """The budget that holds every candidate at the shortest trial, at least."""
-    from tuning.search import ETA, rung_counts
-
     counts = rung_counts(candidates)
     used = search.budget_s - search.left_s()
     return used + sum(c * (search.overhead_s() + MIN_LOAD_S * ETA ** k)
