@@ -89,6 +89,7 @@ class InferenceServer:
                                       config.request_timeout_ms, self.auth)
         self.metrics_address: tuple[str, int] | None = None
         self._metrics_httpd: Any = None
+        self._http: Any = None  # http_api.server.HttpFrontEnd, from start()
         self.connections: set[Connection] = set()
         self._lock = threading.Lock()
         self._listener: Listener | None = None
@@ -131,6 +132,10 @@ class InferenceServer:
             self._publish_address(False)  # a file left by an earlier run must not say "up"
             if cfg.metrics_port is not None:  # a port too: fail early; scrapes show the loading
                 self._start_metrics(cfg.metrics_host, cfg.metrics_port)
+            if cfg.http_address() is not None:  # before loading: probes answer "loading"
+                from http_api.server import start_http
+
+                self._http = start_http(self, self._tls)
             self._load(cancel)
             raise_if_cancelled(cancel)  # the last chance: from here on, a stop drains
             self._listener.start()
@@ -203,6 +208,16 @@ class InferenceServer:
         assert sock is not None, "no TCP listener (port -1)"
         host, port = sock.getsockname()[:2]
         return host, port
+
+    @property
+    def http_address(self) -> tuple[str, int] | None:
+        """The (host, port) of the HTTP API; None without one (``--http_port -1``)."""
+        return None if self._http is None else self._http.address
+
+    @property
+    def serving(self) -> bool:
+        """True once started: every model loaded and the listeners accepting."""
+        return self._started
 
     @property
     def unix_address(self) -> str | None:
@@ -319,7 +334,7 @@ class InferenceServer:
         deadline = time.monotonic() + timeout
         if self._listener is not None:
             self._listener.stop()  # first stop accepting, then refuse new requests
-        self.handler.draining = True
+        self.handler.draining = True  # HTTP readiness says 503 from here on
         drained = self.models.stop(timeout)
         with self._lock:
             connections = list(self.connections)
@@ -327,6 +342,8 @@ class InferenceServer:
         def left() -> float:
             return max(0.0, deadline - time.monotonic())
 
+        if self._http is not None:  # after the drain: its replies went out meanwhile
+            self._http.stop(left())
         finishing = connections  # each closes once its client has every reply, all at once
         while finishing := [conn for conn in finishing if not conn.finish()]:
             if left() <= 0:

@@ -8,23 +8,24 @@ in-flight count once, with its outcome.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import Any, Protocol
 
-from protocol.codec import encode_frame
-from protocol.errors import InternalError, ServerError
-from protocol.messages import error_reply, ok_reply
+from protocol.errors import ServerError
 from telemetry.stats import ServerStats
-
-log = logging.getLogger(__name__)
 
 
 class Replier(Protocol):
-    """Where a completion's reply goes (transport.Connection)."""
+    """Where a completion's reply goes (transport.Connection; an HTTP exchange,
+    http_api/exchange.py), in the encoding of its own protocol."""
 
-    def send_reply(self, frame: bytes) -> None:
+    def encode_reply(self, request_id: int, result: dict[str, Any] | None,
+                     error: ServerError | None) -> tuple[Any, ServerError | None]:
+        """The reply as ``send_reply`` takes it, and its error: a result this protocol cannot
+        carry is answered ``internal`` instead (the outcome then counted)."""
+
+    def send_reply(self, reply: Any) -> None:
         """Send the encoded reply of an admitted request (never blocks)."""
 
     def release(self) -> None:
@@ -68,31 +69,13 @@ class Completion:
         do nothing."""
         if not self._claim():
             return
-        frame, error = encoded_reply(self.request_id, result, error)
+        reply, error = self.replier.encode_reply(self.request_id, result, error)
         outcome = "ok" if error is None else error.code
         self.stats.on_finished(outcome, time.monotonic() - self.admitted_at)
-        self.replier.send_reply(frame)
+        self.replier.send_reply(reply)
 
     def abandon(self) -> None:
         """The client left before an answer: count ``client_gone``, send nothing."""
         if self._claim():
             self.stats.on_finished("client_gone", None)
             self.replier.release()
-
-
-def encoded_reply(request_id: int, result: dict[str, Any] | None,
-                  error: ServerError | None) -> tuple[bytes, ServerError | None]:
-    """The reply's frame, and its error: a result msgpack cannot carry (a plug-in's numpy
-    scalar or set, a list for a map) is answered ``internal`` instead, for this request alone."""
-    if error is None:
-        try:
-            return encode_frame(ok_reply(request_id, result or {})), None
-        except (TypeError, ValueError, OverflowError) as exc:
-            log.error("request %s: its result cannot be sent (%s: %s)", request_id,
-                      type(exc).__name__, exc)
-            error = InternalError(f"the result could not be encoded: {type(exc).__name__}")
-    try:
-        return encode_frame(error_reply(request_id, error)), error
-    except (TypeError, ValueError, OverflowError):  # a plug-in's error with an odd message
-        error = InternalError(f"the {error.code} error could not be encoded")
-        return encode_frame(error_reply(request_id, error)), error

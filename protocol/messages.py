@@ -28,6 +28,7 @@ from protocol.fields import (
     take_text,
     wire_type,
 )
+from protocol.qa_options import QAOptions, parse_qa_options
 
 __all__ = [
     "REQUEST_PARSERS",
@@ -69,6 +70,7 @@ class QARequest:
     context: str
     timeout_ms: float | None = None  # None: the server's default deadline
     model: str | None = None  # None: the server's only (or default) model
+    options: QAOptions | None = None  # how answers are chosen (None: the server's settings)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -187,7 +189,8 @@ def _common(obj: Mapping[Any, Any], request_id: int) -> dict[str, Any]:
 def _parse_qa(obj: Mapping[Any, Any], request_id: int) -> QARequest:
     question = take_text(obj, "question", request_id)
     context = take_text(obj, "context", request_id)
-    return QARequest(question=question, context=context, **_common(obj, request_id))
+    return QARequest(question=question, context=context,
+                     options=parse_qa_options(obj, request_id), **_common(obj, request_id))
 
 
 def _is_texts(value: object) -> bool:

@@ -22,6 +22,10 @@ from settings.cli import HelpFormatter
 from settings.config_file import CONFIG_FLAG, ConfigFileError, with_config_file
 
 
+#: The HTTP API's port unless --http_port says else (Triton's and vLLM's too).
+DEFAULT_HTTP_PORT = 8000
+
+
 def option(default: Any, help: str, *, flag: str | None = None,
            choices: tuple[str, ...] | Owned | None = None) -> Any:
     """A ServerConfig field and its command-line flag (``--NAME`` unless ``flag`` says else).
@@ -38,8 +42,14 @@ class ServerConfig:
     unix_socket: str | None = option(None, "also serve on a Unix socket at this path (mode from "
                                      "the umask; a stale file left by a dead server is "
                                      "replaced; never TLS)")
-    tls_cert: str | None = option(None, "PEM certificate (chain): serve TCP over TLS 1.2+ "
-                                  "(needs --tls_key)")
+    http_port: int | None = option(None, "HTTP/JSON API port beside TCP (docs/http.md; "
+                                   "default 8000, or any free port where --port is 0; 0: any "
+                                   "free port; -1: no HTTP)")
+    http_host: str | None = option(None, "address the HTTP API binds (default: --host)")
+    http_payload_limit: int = option(2_000_000, "largest HTTP request body, bytes (a larger "
+                                     "one is refused 413 before it is read)")
+    tls_cert: str | None = option(None, "PEM certificate (chain): serve TCP, and the HTTP API, "
+                                  "over TLS 1.2+ (needs --tls_key)")
     tls_key: str | None = option(None, "PEM private key of --tls_cert (unencrypted)")
     tls_client_ca: str | None = option(None, "PEM CA certificates: every TLS client must "
                                        "present a certificate one of them signed")
@@ -226,90 +236,18 @@ class ServerConfig:
 
     def problems(self) -> list[str]:
         """What is wrong with these settings (empty when they can serve)."""
-        at_least_one = ("num_inference_sessions", "workers", "max_batch_size", "batch_lookahead",
-                        "max_queue", "max_connections", "max_frame_size")
-        never_negative = ("claim_idle_ms", "sim_scale", "sim_launch_ms", "threads_per_session",
-                          "max_batch_tokens",
-                          "max_queue_delay_ms", "request_timeout_ms", "idle_timeout_s",
-                          "frame_timeout_s", "auth_timeout_s",
-                          "max_question_chars", "max_context_chars", "max_texts",
-                          "shutdown_timeout_s")
-        flags = setting_flags()
-        return ([f"{flags[name]} must be at least 1" for name in at_least_one
-                 if getattr(self, name) < 1]
-                + [f"{flags[name]} must not be negative" for name in never_negative
-                   if getattr(self, name) < 0]
-                + ([] if self.send_timeout_s >= 0.001 else ["--send_timeout must be at least "
-                                                              "0.001 (0 would mean never)"])
-                + ([] if self.max_outbox_mb >= 1 else ["--max_outbox_mb must be at least 1"])
-                + self._device_problems() + self._broker_problems()
-                + self._transport_problems() + self._auth_problems())
+        from settings.problems import config_problems
 
-    def _device_problems(self) -> list[str]:
-        problems = []
-        for parse in (self.gpu_indices, self.bucket_lengths):
-            try:
-                parse()
-            except ValueError as exc:
-                problems.append(str(exc))
-        if not problems and any(n > self.max_seq_len for n in self.bucket_lengths()):
-            problems.append(f"--length_buckets must not exceed --max_seq_len {self.max_seq_len}")
-        return problems
+        return config_problems(self)
 
-    def _broker_problems(self) -> list[str]:
-        if self.models is not None and self.role != "worker":
-            return ["--models applies to --role worker (a front end serves every model of "
-                    "--model_dir; requests name theirs)"]
-        if self.broker is None:
-            return ["--role worker needs --broker"] if self.role == "worker" else []
-        if self.workers > 1:  # the URL itself: broker/urls.py's check, through the registry
-            return ["--workers applies without --broker; with one, start more --role worker "
-                    "processes instead"]
-        if self.executors == "on":
-            return ["--executors on applies without --broker (each --role worker owns its "
-                    "engine)"]
-        return []
-
-    def _auth_problems(self) -> list[str]:
-        if self.auth_token_file is None:
-            return []
-        from settings.tokens import TokenFileError, read_tokens
-
-        try:
-            read_tokens(self.auth_token_file)
-        except TokenFileError as exc:
-            return [f"--auth_token_file: {exc}"]
-        return []
-
-    def _transport_problems(self) -> list[str]:
-        problems = []
-        if not -1 <= self.port <= 65535:
-            problems.append("--port must be -1 (no TCP), 0 (any free port) or a port number")
-        if self.port == -1 and not self.unix_socket:
-            problems.append("--port -1 serves no TCP: give --unix_socket to serve on")
-        if self.unix_socket is not None and not 0 < len(os.fsencode(self.unix_socket)) <= 107:
-            problems.append("--unix_socket must be a path of 1 to 107 bytes")
-        if self.tls_handshake_timeout_s <= 0:
-            problems.append("--tls_handshake_timeout must be positive")
-        if self.role == "worker" and (self.unix_socket or self.tls_cert):
-            problems.append("--unix_socket and --tls_cert apply to a listener; --role worker "
-                            "has none")
-        return problems + self._tls_problems()
-
-    def _tls_problems(self) -> list[str]:
-        if self.tls_cert is None and self.tls_key is None:
-            return ["--tls_client_ca needs --tls_cert and --tls_key"] \
-                if self.tls_client_ca is not None else []
-        if self.tls_cert is None or self.tls_key is None:
-            return ["--tls_cert and --tls_key go together"]
-        if self.port == -1:
-            return ["--tls_cert applies to TCP, and --port -1 serves none (the Unix socket "
-                    "never uses TLS)"]
-        named = {"--tls_cert": self.tls_cert, "--tls_key": self.tls_key,
-                 "--tls_client_ca": self.tls_client_ca}
-        # whether they load as a TLS context: transport/tls.py's check, through the registry
-        return [f"{flag}: cannot read {path}" for flag, path in named.items()
-                if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK))]
+    def http_address(self) -> tuple[str, int] | None:
+        """Where the HTTP API listens: (host, port), port 0 for any free one; None: no HTTP
+        (``--http_port -1``, or a ``--role worker``, which has no listener)."""
+        if self.role == "worker" or self.http_port == -1:
+            return None
+        port = self.http_port if self.http_port is not None else \
+            (0 if self.port == 0 else DEFAULT_HTTP_PORT)
+        return (self.http_host or self.host), port
 
     def limits(self) -> FieldLimits:
         """The caps on request fields."""

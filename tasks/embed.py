@@ -65,7 +65,8 @@ class EmbedTask(TextRows):
         """The request's vectors, as the engine computed them (already unit length).
 
         Returns:
-            ``{"embeddings": [[float, ...], ...], "dim": int}``, one vector per text, in order.
+            ``{"embeddings": [[float, ...], ...], "dim": int, "tokens": int}``, one vector per
+            text, in order; ``tokens``: the tokens the model read, special tokens included.
 
         Raises:
             ValueError: ``embeddings`` does not have one row per text.
@@ -73,4 +74,5 @@ class EmbedTask(TextRows):
         """
         vectors = rows_of(embeddings, features, "embeddings").astype(np.float32, copy=False)
         check_finite(vectors, "embeddings")
-        return {"embeddings": vectors.tolist(), "dim": int(vectors.shape[1])}
+        return {"embeddings": vectors.tolist(), "dim": int(vectors.shape[1]),
+                "tokens": int(features.lengths.sum())}

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from protocol.errors import BadRequest
-from tasks.qa_answers import best_answer
+from tasks.qa_answers import best_answer, ranked_answers
 from tasks.qa_features import QAFeatures, build_features
 from tasks.qa_tokenizer import QATokenizer
 from tasks.qa_windows import ContextWindows, check_question_room, windows_due
@@ -157,8 +157,11 @@ class QATask:
         return self.config.max_seq_len
 
     def features(self, request: QARequest) -> QAFeatures:
-        """``preprocess`` of a ``qa`` request's question and context."""
-        return self.preprocess(request.question, request.context)
+        """``preprocess`` of a ``qa`` request's question and context, with its own answering
+        options where it gives any."""
+        features = self.preprocess(request.question, request.context)
+        return features if request.options is None else replace(features,
+                                                                 options=request.options)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, config: QAConfig | None = None,
@@ -260,6 +263,7 @@ class QATask:
         Returns:
             ``{"answer": str, "score": float, "start": int, "end": int}`` with
             ``features.context[start:end] == answer``; "no answer" is ``""`` with start = end = 0.
+            With the request's ``top_k`` above 1, also ``answers``: that many, best first.
 
         Raises:
             ValueError: the logits do not fit the features.
@@ -267,11 +271,23 @@ class QATask:
         """
         start_logits, end_logits = np.asarray(start_logits), np.asarray(end_logits)
         _check_logits(features, start_logits, end_logits)
-        config = self.config
-        return best_answer(features, start_logits, end_logits,
-                           max_answer_len=config.max_answer_len,
-                           align_to_words=config.align_to_words,
-                           impossible=config.handle_impossible_answer)
+        config, options = self.config, features.options
+        if options is None:
+            return best_answer(features, start_logits, end_logits,
+                               max_answer_len=config.max_answer_len,
+                               align_to_words=config.align_to_words,
+                               impossible=config.handle_impossible_answer)
+        answers = ranked_answers(
+            features, start_logits, end_logits, top_k=options.top_k,
+            max_answer_len=_given(options.max_answer_len, config.max_answer_len),
+            align_to_words=_given(options.align_to_words, config.align_to_words),
+            impossible=_given(options.handle_impossible_answer, config.handle_impossible_answer))
+        return answers[0] if options.top_k == 1 else {**answers[0], "answers": answers}
+
+
+def _given(value: Any, default: Any) -> Any:
+    """A request's option where it gives one, else the task's setting."""
+    return default if value is None else value
 
 
 def padded_lengths(lengths: Sequence[int], max_seq_len: int) -> tuple[int, ...]:

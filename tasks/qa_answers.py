@@ -64,7 +64,16 @@ def numpy_search_reason() -> str | None:
 def best_answer(features: QAFeatures, start_logits: np.ndarray, end_logits: np.ndarray, *,
                 max_answer_len: int, align_to_words: bool, impossible: bool) -> dict[str, Any]:
     """The best answer over all windows of one request (logits ``[rows, >= max_len]``)."""
-    top_k = 2 * TOP_K + 10 if align_to_words else TOP_K  # room for merging
+    return ranked_answers(features, start_logits, end_logits, max_answer_len=max_answer_len,
+                          align_to_words=align_to_words, impossible=impossible)[0]
+
+
+def ranked_answers(features: QAFeatures, start_logits: np.ndarray, end_logits: np.ndarray, *,
+                   max_answer_len: int, align_to_words: bool, impossible: bool,
+                   top_k: int = TOP_K) -> list[dict[str, Any]]:
+    """The ``top_k`` best answers over all windows of one request, best first, as the
+    pipeline's ``top_k`` gives them (never empty: "no answer" where nothing is left)."""
+    per_window = 2 * top_k + 10 if align_to_words else top_k  # room for merging
     candidates: dict[str, list[Any]] = {}  # lower-cased text -> [score, start, end, text]
     null_score = NO_NULL_SCORE
     for row, n in enumerate(features.lengths.tolist()):
@@ -74,7 +83,7 @@ def best_answer(features: QAFeatures, start_logits: np.ndarray, end_logits: np.n
         null_score = min(null_score, float(start[0] * end[0]))
         start[0] = end[0] = 0.0
         words: dict[int, tuple[int, int] | None] | None = {} if align_to_words else None
-        for s, e, score in top_spans(start, end, top_k, max_answer_len):
+        for s, e, score in top_spans(start, end, per_window, max_answer_len):
             if _usable(allowed, s) and _usable(allowed, e):  # dropped after the top_k are chosen
                 char_start, char_end = _char_span(features.spans, row, s, e, words)
                 text = features.context[char_start:char_end]
@@ -84,9 +93,13 @@ def best_answer(features: QAFeatures, start_logits: np.ndarray, end_logits: np.n
     if impossible:
         ranked.append([null_score, 0, 0, ""])
     if not ranked:  # every candidate was dropped (the pipeline would return [])
-        return dict(NO_ANSWER)
-    score, char_start, char_end, text = max(ranked, key=_score)  # the first of equals wins
-    return {"answer": text, "score": float(score), "start": char_start, "end": char_end}
+        return [dict(NO_ANSWER)]
+    if top_k == 1:  # the first of equals wins, as in the stable sort below
+        ranked = [max(ranked, key=_score)]
+    else:
+        ranked = sorted(ranked, key=_score, reverse=True)[:top_k]
+    return [{"answer": text, "score": float(score), "start": char_start, "end": char_end}
+            for score, char_start, char_end, text in ranked]
 
 
 def window_probabilities(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ import numpy as np
 from tokenizers import Encoding
 
 from protocol.errors import BadRequest
+from protocol.qa_options import QAOptions
 from tasks.rows import RowShape
 
 
@@ -34,6 +35,7 @@ class QAFeatures(RowShape):
         lengths: ``[rows]`` tokens in each window.
         allowed: ``[rows, max_len]`` bool: tokens that may start or end an answer (context, CLS).
         spans: Characters of each window's tokens and words, read from the Rust encodings.
+        options: The request's own answering options (None: the task's settings).
     """
 
     context: str
@@ -42,6 +44,7 @@ class QAFeatures(RowShape):
     lengths: np.ndarray
     allowed: np.ndarray
     spans: WindowSpans
+    options: QAOptions | None = None
 
     @property
     def offsets(self) -> np.ndarray:

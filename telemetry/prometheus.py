@@ -320,7 +320,12 @@ def serve_metrics(server: StatsSource, host: str, port: int) -> Any:
     Returns:
         The HTTP server (``server_address`` gives the bound port; ``shutdown()`` stops it).
     """
+    httpd, _thread = start_http_server(port, addr=host, registry=metrics_registry(server))
+    return httpd
+
+
+def metrics_registry(server: StatsSource) -> CollectorRegistry:
+    """A registry of ``server``'s metrics alone (what ``/metrics`` serves, on either port)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ServerCollector(server))
-    httpd, _thread = start_http_server(port, addr=host, registry=registry)
-    return httpd
+    return registry

@@ -18,6 +18,7 @@ from typing import Any
 
 from protocol import FrameDecoder, encode_frame, error_reply
 from protocol.errors import FrameTimeout, IdleTimeout, ProtocolError, ServerError
+from protocol.replies import encoded_reply
 from transport.closing import DELIVERY_POLL_S
 from transport.coalesce import holding
 from transport.hooks import Expiry, ServerHooks
@@ -240,6 +241,12 @@ class Connection:
             self._pending -= 1
             self._last_activity = time.monotonic()
             self._cond.notify_all()
+
+    @staticmethod
+    def encode_reply(request_id: int, result: dict[str, Any] | None,
+                     error: ServerError | None) -> tuple[bytes, ServerError | None]:
+        """One admitted request's reply frame, and its error (protocol/replies.py)."""
+        return encoded_reply(request_id, result, error)
 
     def send_reply(self, frame: bytes) -> None:
         """Send the encoded reply of one admitted request (from any thread; never blocks)."""

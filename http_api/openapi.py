@@ -1,0 +1,145 @@
+"""The OpenAPI 3 document of the HTTP API (``GET /openapi.json``), made from the models served:
+one ``/ops/{op}`` path per served op, with its fields, besides the fixed routes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from protocol.qa_options import MAX_ANSWER_LEN, MAX_TOP_K
+
+_JSON = "application/json"
+_ERROR = {"$ref": "#/components/schemas/Error"}
+_TEXTS = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
+                                         "minItems": 1}]}
+_OURS = {"model": {"type": "string", "description": "the served model to run it"},
+         "timeout_ms": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400000,
+                        "description": "its deadline in milliseconds (else X-Timeout-Ms)"}}
+_QA_ANSWER = {"type": "object", "required": ["answer", "score", "start", "end"],
+              "properties": {"answer": {"type": "string"}, "score": {"type": "number"},
+                             "start": {"type": "integer"}, "end": {"type": "integer"}}}
+_LABELS = {"type": "array", "items": {"type": "object", "required": ["label", "score"],
+                                      "properties": {"label": {"type": "string"},
+                                                     "score": {"type": "number"}}}}
+_QA_PARAMETERS = {"type": "object", "additionalProperties": False, "properties": {
+    "top_k": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K},
+    "max_answer_len": {"type": "integer", "minimum": 1, "maximum": MAX_ANSWER_LEN},
+    "handle_impossible_answer": {"type": "boolean"}, "align_to_words": {"type": "boolean"}}}
+_QA_INPUT = {"type": "object", "required": ["question", "context"], "additionalProperties": False,
+             "properties": {"question": {"type": "string"}, "context": {"type": "string"}}}
+_TENSOR = {"type": "object", "required": ["name", "shape", "datatype"], "properties": {
+    "name": {"type": "string"}, "shape": {"type": "array", "items": {"type": "integer"}},
+    "datatype": {"type": "string"}, "data": {"type": "array"}}}
+_PROBE = {"type": "object", "properties": {"status": {"type": "string"}}}
+
+
+def _obj(required: Iterable[str], properties: dict[str, Any], extra: bool = False) -> dict:
+    return {"type": "object", "required": list(required), "properties": properties,
+            "additionalProperties": extra}
+
+
+def _responses(ok: dict[str, Any] | None, content: str = _JSON, *,
+               ok_status: str = "200") -> dict[str, Any]:
+    out: dict[str, Any] = {"default": {"description": "a typed error (docs/http.md)",
+                                       "content": {_JSON: {"schema": _ERROR}}}}
+    out[ok_status] = {"description": "success"} if ok is None else \
+        {"description": "success", "content": {content: {"schema": ok}}}
+    return out
+
+
+def _get(summary: str, ok: dict[str, Any] | None, *, open_: bool = False,
+         content: str = _JSON) -> dict[str, Any]:
+    op = {"summary": summary, "responses": _responses(ok, content)}
+    if open_:
+        op["security"] = []
+    return {"get": op}
+
+
+def _post(summary: str, body: dict[str, Any], ok: dict[str, Any]) -> dict[str, Any]:
+    return {"post": {"summary": summary, "parameters": [
+        {"name": "X-Timeout-Ms", "in": "header", "required": False,
+         "schema": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400000}}],
+        "requestBody": {"required": True, "content": {_JSON: {"schema": body}}},
+        "responses": _responses(ok)}}
+
+
+def _named(methods: dict[str, Any], *, name: str = "name") -> dict[str, Any]:
+    for op in methods.values():
+        op.setdefault("parameters", []).append(
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}})
+    return methods
+
+
+def document(models: Iterable[Any]) -> dict[str, Any]:
+    """The document for these served models (each with ``op`` and ``fields``)."""
+    paths = {
+        "/health": _get("ready? (an alias of /health/ready)", _PROBE, open_=True),
+        "/health/ready": _get("200 when every model is loaded and serving, else 503",
+                              _PROBE, open_=True),
+        "/health/live": _get("200 while the process answers", _PROBE, open_=True),
+        "/v2/health/live": _get("KServe v2: live", None, open_=True),
+        "/v2/health/ready": _get("KServe v2: ready", None, open_=True),
+        "/info": _get("models, version and limits", {"type": "object"}),
+        "/metrics": _get("Prometheus metrics", {"type": "string"},
+                         content="text/plain; version=0.0.4; charset=utf-8"),
+        "/openapi.json": _get("this document", {"type": "object"}),
+        "/v1/models": _get("OpenAI: the served models", {"type": "object"}),
+        "/v2": _get("KServe v2: server metadata", {"type": "object"}),
+        "/v2/models/{name}": _named(_get("KServe v2: model metadata", {"type": "object"})),
+        "/v2/models/{name}/ready": _named(_get("KServe v2: model ready", None, open_=True)),
+        "/v2/models/{name}/infer": _named(_post(
+            "KServe v2: inference with BYTES (text) inputs",
+            _obj(["inputs"], {"id": {"type": "string"}, "inputs": {"type": "array",
+                                                                   "items": _TENSOR},
+                              "outputs": {"type": "array", "items": {"type": "object"}},
+                              "parameters": {"type": "object"}}),
+            _obj(["model_name", "outputs"], {"model_name": {"type": "string"},
+                                             "outputs": {"type": "array", "items": _TENSOR}},
+                 extra=True))),
+        "/qa": _post("Hugging Face question answering",
+                     _obj(["inputs"], {"inputs": {"oneOf": [_QA_INPUT, {
+                         "type": "array", "items": _QA_INPUT, "minItems": 1}]},
+                         "parameters": _QA_PARAMETERS, **_OURS}),
+                     {"oneOf": [_QA_ANSWER, {"type": "array"}]}),
+        "/embed": _post("text-embeddings-inference: embeddings",
+                        _obj(["inputs"], {"inputs": _TEXTS, "normalize": {"type": "boolean"},
+                                          "truncate": {"type": "boolean"},
+                                          "truncation_direction": {"type": "string"},
+                                          **_OURS}),
+                        {"type": "array", "items": {"type": "array",
+                                                    "items": {"type": "number"}}}),
+        "/predict": _post("text-embeddings-inference: classification, highest first",
+                          _obj(["inputs"], {"inputs": _TEXTS, "raw_scores": {"type": "boolean"},
+                                            "truncate": {"type": "boolean"}, **_OURS}),
+                          {"oneOf": [_LABELS, {"type": "array", "items": _LABELS}]}),
+        "/v1/embeddings": _post("OpenAI: embeddings", _obj(["input", "model"], {
+            "input": _TEXTS, "model": {"type": "string"},
+            "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+            "user": {"type": "string"}, "timeout_ms": _OURS["timeout_ms"]}),
+            _obj(["object", "data", "model", "usage"], {
+                "object": {"type": "string"}, "data": {"type": "array"},
+                "model": {"type": "string"}, "usage": {"type": "object"}})),
+        "/": _post("Hugging Face Inference API shapes, told apart by the body",
+                   {"type": "object", "required": ["inputs"]}, {}),
+        "/models/{name}": _named(_post("Hugging Face shape of the model's task",
+                                       {"type": "object", "required": ["inputs"]}, {})),
+    }
+    for op, fields in sorted({m.op: m.fields for m in models}.items()):
+        properties = {name: _field_schema(kind) for name, kind in fields.items()}
+        paths[f"/ops/{op}"] = _post(f"the {op!r} op: the TCP request's fields and result",
+                                    _obj(fields, {**properties, **_OURS}, extra=True),
+                                    {"type": "object"})
+    return {"openapi": "3.0.3",
+            "info": {"title": "qa-inference-server HTTP API", "version": "0.1.0",
+                     "description": "docs/http.md"},
+            "paths": paths,
+            "components": {"schemas": {"Error": _obj(["error", "error_type"], {
+                "error": {"type": "string"}, "error_type": {"type": "string"}}, extra=True)},
+                "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+            "security": [{"bearer": []}]}
+
+
+def _field_schema(kind: str) -> dict[str, Any]:
+    if kind.startswith("array"):
+        return {"type": "array", "items": {"type": "string"}}
+    return {"type": "string"} if kind == "string" else {}

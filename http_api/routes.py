@@ -1,0 +1,213 @@
+"""Every route of the HTTP API (docs/http.md): probes, information, metrics, and the models'
+routes in each API family's shape (http_api/shapes/)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from http_api.app import Request, Response, Route
+from http_api.errors import HttpError
+from http_api.shapes import hf, kserve, native, openai
+from protocol.errors import BadRequest
+
+if TYPE_CHECKING:
+    from http_api.app import HttpApp
+
+#: What the server calls itself in ``/v2`` and ``/info``.
+SERVER_NAME = "qa-inference-server"
+VERSION = "0.1.0"
+
+
+class Routes:
+    """The handlers, bound to one app."""
+
+    def __init__(self, app: HttpApp) -> None:
+        self.app = app
+        self.state = app.state
+        self.created = int(time.time())
+        self._registry: Any = None  # /metrics: made on the first scrape
+
+    # -- probes ----------------------------------------------------------------------------
+    async def live(self, request: Request) -> Response:
+        """200 while the process answers: no model, engine or device is asked anything."""
+        return Response({"status": "live"})
+
+    async def ready(self, request: Request) -> Response:
+        """200 when every model is loaded and warmed up (and, for a broker's front end, a
+        worker serves it) and the server is not draining; else 503, saying why."""
+        why = self.not_ready()
+        if why is None:
+            return Response({"status": "ready"})
+        return Response({"status": "not_ready", "error": why, "error_type": "unavailable",
+                         "models": {m.name: m.backend is not None and m.backend.ready
+                                    for m in self.state.models}}, 503, {"retry-after": "1"})
+
+    def not_ready(self) -> str | None:
+        """Why the server is not ready, or None."""
+        if self.state.handler.draining:
+            return "draining: the server is stopping"
+        if not self.state.serving:
+            return "loading: the models are loading and warming up"
+        waiting = [m.name for m in self.state.models if m.backend is None or not m.backend.ready]
+        if waiting:
+            return (f"model(s) {', '.join(waiting)} not serving (a worker lost, restarting, "
+                    "or, with --broker, no live worker or no Redis)")
+        return None
+
+    async def v2_ready(self, request: Request) -> Response:
+        return Response(b"" if self.not_ready() is None else b"{}",
+                        200 if self.not_ready() is None else 503)
+
+    async def v2_live(self, request: Request) -> Response:
+        return Response(b"")
+
+    async def model_ready(self, request: Request) -> Response:
+        model = self._model(request.params["name"])
+        ok = model.backend is not None and model.backend.ready and self.not_ready() is None
+        return Response(b"" if ok else b"{}", 200 if ok else 503)
+
+    # -- information -----------------------------------------------------------------------
+    async def info(self, request: Request) -> Response:
+        cfg = self.state.config
+        return Response({"name": SERVER_NAME, "version": VERSION,
+                         "models": [m.describe() for m in self.state.models],
+                         "limits": {"http_payload_limit": cfg.http_payload_limit,
+                                    "max_texts": cfg.max_texts,
+                                    "max_question_chars": cfg.max_question_chars,
+                                    "max_context_chars": cfg.max_context_chars,
+                                    "max_queue": cfg.max_queue,
+                                    "request_timeout_ms": cfg.request_timeout_ms,
+                                    "max_connections": cfg.max_connections},
+                         "auth": self.state.auth.required, "ready": self.not_ready() is None})
+
+    async def metrics(self, request: Request) -> Response:
+        """The Prometheus exposition, as ``--metrics_port`` serves it; made on a thread of its
+        own, since a scrape asks worker processes for their figures."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        from telemetry.prometheus import metrics_registry
+
+        if self._registry is None:
+            self._registry = metrics_registry(self.state)
+        text = await asyncio.get_running_loop().run_in_executor(None, generate_latest,
+                                                                self._registry)
+        return Response(text, content_type=CONTENT_TYPE_LATEST)
+
+    async def openapi(self, request: Request) -> Response:
+        from http_api.openapi import document
+
+        return Response(document(self.state.models))
+
+    async def v1_models(self, request: Request) -> Response:
+        return Response(openai.model_list([m.name for m in self.state.models], self.created))
+
+    async def v2(self, request: Request) -> Response:
+        return Response({"name": SERVER_NAME, "version": VERSION, "extensions": []})
+
+    async def v2_model(self, request: Request) -> Response:
+        model = self._model(request.params["name"])
+        if model.op not in kserve.TENSORS:
+            raise BadRequest(f"model {model.name!r} serves {model.op!r} requests, which have "
+                             f"no tensor form here; use POST /ops/{model.op}")
+        platform = {"onnx": "onnxruntime_onnx", "pytorch": "pytorch_libtorch"}.get(
+            self.state.config.inference_engine_type, self.state.config.inference_engine_type)
+        return Response(kserve.metadata(model.name, model.op, platform, model.info.labels))
+
+    # -- the models --------------------------------------------------------------------------
+    async def qa(self, request: Request) -> Response:
+        return await self.app.run(request, hf.qa_call(await self.app.json_body(request),
+                                                      self._max_inputs()))
+
+    async def embed(self, request: Request) -> Response:
+        return await self.app.run(request, hf.embed_call(await self.app.json_body(request),
+                                                         self._max_inputs()))
+
+    async def predict(self, request: Request) -> Response:
+        return await self.app.run(request, hf.classify_call(
+            await self.app.json_body(request), self._max_inputs(), tei=True))
+
+    async def embeddings(self, request: Request) -> Response:
+        return await self.app.run(request, openai.embeddings_call(
+            await self.app.json_body(request), self._max_inputs()))
+
+    async def root(self, request: Request) -> Response:
+        """``POST /``: the Hugging Face shapes, told apart by the body (hf.task_of_body)."""
+        body = await self.app.json_body(request)
+        return await self.app.run(request, self._hf_call(hf.task_of_body(body), body))
+
+    async def model_call(self, request: Request) -> Response:
+        """``POST /models/{name}``: that model's task's Hugging Face shape."""
+        model = self._model(request.params["name"])
+        call = self._hf_call(model.op, await self.app.json_body(request))
+        call.model = call.model or model.name
+        return await self.app.run(request, call)
+
+    def _hf_call(self, op: str, body: Any) -> Any:
+        limit = self._max_inputs()
+        if op == "qa":
+            return hf.qa_call(body, limit)
+        if op == "embed":
+            return hf.embed_call(body, limit)
+        if op == "classify":
+            return hf.classify_call(body, limit, tei=False)
+        return native.native_call(op, body)
+
+    async def op(self, request: Request) -> Response:
+        """``POST /ops/{op}``: the TCP op's own fields and result, for any served op."""
+        op = request.params["name"]
+        if op not in {m.op for m in self.state.models}:
+            raise HttpError("not_found", f"no model here serves {op!r} requests (served: "
+                            f"{', '.join(sorted({m.op for m in self.state.models}))})")
+        return await self.app.run(request, native.native_call(op, await self.app.json_body(
+            request)))
+
+    async def infer(self, request: Request) -> Response:
+        model = self._model(request.params["name"])
+        if "inference-header-content-length" in request.headers:
+            raise BadRequest("binary tensor data is not supported (GET /v2 lists no "
+                             "extension): send the inputs' data as JSON")
+        return await self.app.run(request, kserve.infer_call(
+            model.name, model.op, await self.app.json_body(request), self._max_inputs()))
+
+    def _model(self, name: str) -> Any:
+        model = self.state.models.models.get(name)
+        if model is None:
+            raise HttpError("not_found", f"unknown model {name[:64]!r} (served: "
+                            f"{', '.join(self.state.models.models)})")
+        return model
+
+    def _max_inputs(self) -> int:
+        return self.state.config.max_texts
+
+
+def route_table(app: HttpApp) -> tuple[dict[str, Route], list[tuple[str, str, Route]]]:
+    """The exact paths, and the patterns ``PREFIX{name}SUFFIX``, with their routes."""
+    r = Routes(app)
+    get, post = (lambda h: {"GET": h}), (lambda h: {"POST": h})
+    exact = {
+        "/health": Route(get(r.ready), open=True),
+        "/health/ready": Route(get(r.ready), open=True),
+        "/health/live": Route(get(r.live), open=True),
+        "/v2/health/live": Route(get(r.v2_live), open=True),
+        "/v2/health/ready": Route(get(r.v2_ready), open=True),
+        "/info": Route(get(r.info)),
+        "/metrics": Route(get(r.metrics)),
+        "/openapi.json": Route(get(r.openapi)),
+        "/v1/models": Route(get(r.v1_models)),
+        "/v2": Route(get(r.v2)),
+        "/": Route(post(r.root)),
+        "/qa": Route(post(r.qa)),
+        "/embed": Route(post(r.embed)),
+        "/predict": Route(post(r.predict)),
+        "/v1/embeddings": Route(post(r.embeddings)),
+    }
+    patterns = [
+        ("/v2/models/", "/ready", Route(get(r.model_ready), open=True)),
+        ("/v2/models/", "/infer", Route(post(r.infer))),
+        ("/v2/models/", "", Route(get(r.v2_model))),
+        ("/models/", "", Route(post(r.model_call))),
+        ("/ops/", "", Route(post(r.op))),
+    ]
+    return exact, patterns
