@@ -121,6 +121,7 @@ def refusing(error: ServerError) -> Asgi:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         body = error_json(error)
         headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
+                   (b"content-length", str(len(body)).encode("ascii")),
                    *((k.encode(), v.encode()) for k, v in error_headers(error).items())]
         await send({"type": "http.response.start", "status": status_of(error),
                     "headers": headers})

@@ -7,7 +7,8 @@ Each runs after the README's set-up (``.venv``; ``saved_models/qa`` and ``embed`
 to its entries, ``saved_models`` holding just ``qa`` and ``embed``, and the files the docs have
 the user make (``server.crt``/``server.key``/``ca.crt`` by openssl, ``tokens.txt``): nothing is
 written to the checkout. ``python`` is the venv's (``.venv/bin`` first on PATH); HF_HUB_OFFLINE=1.
-Placeholders: ``--port <free>`` is appended (the later flag wins), ``--metrics_port <free>`` too
+Placeholders: ``--port <free>`` is appended (the later flag wins), ``--http_port <free>``
+unless the command turns HTTP off (its ``/health/live`` must answer), ``--metrics_port <free>`` too
 where one is set; ``--host 0.0.0.0`` stays; ``...`` (more flags) is dropped; a ``--broker`` URL
 becomes a throwaway redis-server's. A server must answer ``ping`` on each address it serves
 (TCP, Unix socket; TLS and token as given), ``ready`` (a front end alone: just answer),
@@ -25,6 +26,7 @@ import os
 import secrets
 import shlex
 import signal
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -187,6 +189,13 @@ def check_server(started: list[Running], root: Path, check: Check) -> None:
     if metrics := command.flag("--metrics_port"):
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as reply:
             assert reply.status == 200 and b"# TYPE" in reply.read()
+    if (http := command.flag("--http_port")) and http != "-1":  # the HTTP API's probe
+        scheme = "https" if command.flag("--tls_cert") else "http"
+        context = ssl.create_default_context(cafile=str(root / "ca.crt")) \
+            if scheme == "https" else None
+        with urllib.request.urlopen(f"{scheme}://127.0.0.1:{http}/health/live", timeout=10,
+                                    context=context) as reply:
+            assert reply.status == 200 and b"live" in reply.read()
 
 
 Unit = tuple[DocCommand, DocCommand | None]  # (a server, a front end or --help; its worker)
@@ -214,6 +223,8 @@ def run_unit(unit: Unit, root: Path, folder: Path) -> tuple[str | None, str | No
         ports = {"--port": str(free_port())} if server.flag("--port") != "-1" else {}
         if server.flag("--metrics_port"):
             ports["--metrics_port"] = str(free_port())
+        if server.flag("--http_port") != "-1":  # never the default 8000: units run at once
+            ports["--http_port"] = str(free_port())
         started.append(Running(server.argv, root, folder.with_suffix(".log"), **broker, **ports))
         if worker is not None:
             started.append(Running(worker.argv, root, folder.with_suffix(".worker.log"),
