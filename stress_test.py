@@ -5,6 +5,7 @@ bench/runs.py).
     python stress_test.py --sweep 1,5,20,50 --json runs.json --plot runs.png   # about a minute
     python stress_test.py --rate 50 --duration 30            # open loop: Poisson arrivals
     python stress_test.py --task embed --texts_per_request 8   # embed requests of 8 texts
+    python stress_test.py --url http://127.0.0.1:8000 --port 9999  # the HTTP API, stats by TCP
 
 Closed loop (the default): ``--num_total_clients`` client connections,
 ``--num_simultaneous_clients`` at a time, each sending ``--num_request_per_client`` requests
@@ -15,7 +16,9 @@ A sweep (``--sweep``) runs a closed loop per level, each stopped by its time bud
 ``--processes`` worker processes, several connections each. The server's own breakdown comes
 from its ``stats`` op. ``--task`` picks the op (qa, embed, classify) and ``--model`` the served
 model; embed and classify requests take their texts from the same mix (its questions and
-contexts). See docs/load_testing.md.
+contexts). ``--url`` sends the requests to the HTTP API (``POST /ops/{op}``) instead, one in
+flight per connection; the server's breakdown then comes over TCP where ``--host`` or ``--port``
+is given, and is left out otherwise. See docs/load_testing.md.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from bench.loadgen import http_client
 from bench.mix import DEFAULT_DATA, TASKS, load_mix
 from bench.plots import plot_runs
 from bench.report import format_report, format_tables
@@ -38,9 +43,10 @@ from bench.runs import (
     write_json,
 )
 from clients.blocking import Client
+from clients.endpoint import describe
 from console.catalog import routed_to
 from console.cli import add_tls_arguments, tls_options
-from protocol import BadRequest, Unauthorized
+from protocol import BadRequest, ServerError, Unauthorized
 from settings.cli import HelpFormatter
 from settings.tokens import add_token_options, token_from
 
@@ -49,9 +55,13 @@ from settings.tokens import add_token_options, token_from
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--host", default="127.0.0.1", help="the server's address, or "
-                   "unix:///PATH for its Unix socket (server.py --unix_socket)")
-    p.add_argument("--port", type=int, default=9999, help="the server's port")
+    p.add_argument("--host", help="the server's address, or unix:///PATH for its Unix socket "
+                   "(server.py --unix_socket) (default: 127.0.0.1; with --url: the URL's host)")
+    p.add_argument("--port", type=int, help="the server's TCP port (default: 9999; with --url: "
+                   "9999 where --host is given, else none: no server stats)")
+    p.add_argument("--url", help="send the requests to the server's HTTP API at this URL, "
+                   "http://HOST:PORT (or https://, trusting --tls_ca), one in flight per "
+                   "connection; --host/--port then name its TCP listener, for the server's stats")
     p.add_argument("--num_simultaneous_clients", type=int, default=5,
                    help="connections at once (open loop: connections requests are spread over)")
     p.add_argument("--num_total_clients", type=int, default=100,
@@ -102,8 +112,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
     args.token = token_from(args, p)
+    _check_url(p, args)
     if not args.tls and (args.tls_ca or args.tls_cert or args.tls_key):
-        p.error("--tls_ca, --tls_cert and --tls_key need --tls")
+        p.error("--tls_ca, --tls_cert and --tls_key need --tls (or an https:// --url)")
     if args.rate is not None and (args.sweep or args.pipeline != 1):
         p.error("--rate (open loop) does not go with --sweep or --pipeline")
     if args.duration is not None and args.rate is None:
@@ -126,26 +137,58 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def check_served(host: str, port: int, task: str, model: str | None,
-                 client: Mapping[str, Any] | None = None) -> None:
+def _check_url(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Check ``--url`` and fill in ``--host`` and ``--port``: with a URL, the TCP listener the
+    server's stats come from, if either is given (``port`` None: none)."""
+    if args.url is None:
+        args.host, args.port = args.host or "127.0.0.1", args.port or 9999
+        return
+    try:
+        parts = urlsplit(args.url)
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError as exc:
+        p.error(f"--url {args.url}: {exc}")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        p.error(f"--url {args.url}: give http://HOST:PORT or https://HOST:PORT")
+    if args.pipeline != 1:
+        p.error("--url: HTTP clients keep one request in flight per connection (HTTP/1.1 "
+                "without pipelining): --pipeline must be 1; raise --num_simultaneous_clients")
+    if args.tls and parts.scheme != "https":
+        p.error("--tls with --url needs an https:// URL")
+    args.tls = parts.scheme == "https"  # the TCP listener serves the same TLS
+    if args.host is not None or args.port is not None:
+        args.host, args.port = args.host or parts.hostname, args.port or 9999
+    else:
+        args.host = parts.hostname
+
+
+def check_served(host: str, port: int | None, task: str, model: str | None,
+                 client: Mapping[str, Any] | None = None, url: str | None = None) -> None:
     """Refuse a run whose every request the server would refuse (``bad_request``): ``model``
     not served or serving another op, or no model, or several and none named, serving ``task``.
-    A server older than the ``models`` op is not checked.
+    A server older than the ``models`` op is not checked. With ``url``, the models come from
+    the HTTP API's ``GET /info``.
 
     Raises:
         ValueError: what is wrong, with what the server serves.
         ConnectionError: the server cannot be reached, or refused the token (or the lack of one).
     """
+    where = url or f"{host}:{port}"
     try:
-        with Client(host, port, **(client or {})) as control:
-            models = control.models(timeout=30)
+        if url is not None:
+            with http_client(url, client or {}) as http:
+                models = http.models(timeout=30)
+        else:
+            assert port is not None, "a TCP run needs a port"
+            with Client(host, port, **(client or {})) as control:
+                models = control.models(timeout=30)
     except BadRequest:
         return
     except Unauthorized as exc:
-        raise ConnectionError(f"{host}:{port} refused the connection: {exc.message} "
+        raise ConnectionError(f"{where} refused the connection: {exc.message} "
                               "(--token, --token_file)") from None
-    except (OSError, ValueError) as exc:  # ValueError: TLS options that cannot apply
-        raise ConnectionError(f"cannot reach {host}:{port}: {exc}") from exc
+    except (OSError, ValueError, ServerError) as exc:  # ValueError: TLS options out of place
+        raise ConnectionError(f"cannot reach {where}: {exc}") from exc
     target = routed_to(models, task, model)
     if target is not None and target["op"] == task:
         return
@@ -164,10 +207,12 @@ def check_served(host: str, port: int, task: str, model: str | None,
 def _runs(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
     """Run what the options ask for, appending each result to ``runs`` and printing it."""
     client = {"token": args.token, **tls_options(args)}
-    check_served(args.host, args.port, args.task, args.model, client)
+    check_served(args.host, args.port, args.task, args.model, client, args.url)
+    if args.url is not None:
+        print(_http_line(args, client), flush=True)
     common = {"pairs": args.pairs, "processes": args.processes, "warmup": args.warmup,
               "progress": not args.no_progress, "timeout_s": args.timeout, "op": args.task,
-              "model": args.model, "client": client}
+              "model": args.model, "client": client, "url": args.url}
 
     def record(result: dict[str, Any]) -> None:
         result["settings"]["data"] = str(args.data or DEFAULT_DATA)
@@ -192,6 +237,23 @@ def _runs(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
             args.host, args.port, clients=args.num_simultaneous_clients,
             total_clients=args.num_total_clients, requests_per_client=args.num_request_per_client,
             pipeline=args.pipeline, **common))
+
+
+def _http_line(args: argparse.Namespace, client: Mapping[str, Any]) -> str:
+    """The line that says the load goes over HTTP, and where the server's stats come from;
+    a TCP listener that cannot be reached is dropped (``args.port`` becomes None)."""
+    head = f"over HTTP: {args.url}, one request in flight per connection; "
+    if args.port is None:
+        return head + ("no server stats (they come over TCP: give --host or --port of its "
+                       "TCP listener)")
+    where = describe(args.host, args.port)
+    try:
+        with Client(args.host, args.port, **client) as control:
+            control.stats(timeout=10)
+    except (OSError, ValueError, ServerError) as exc:
+        args.port = None
+        return head + f"no server stats (cannot read them over TCP from {where}: {exc})"
+    return head + f"server stats over TCP from {where}"
 
 
 def _task_line(args: argparse.Namespace) -> str:

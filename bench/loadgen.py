@@ -2,8 +2,9 @@
 bench/loadrun.py).
 
 The parent starts P worker processes (spawn context). Each holds several client connections
-(``client.Client``) and drives them from reply callbacks, so a request costs one reader-thread
-wake-up on the client side and no extra thread hand-off:
+(``clients.blocking.Client`` over TCP, or ``clients.http.HttpClient`` where the spec has a
+``url``: one request in flight per connection) and drives them from reply callbacks, so a
+request costs one reader-thread wake-up on the client side and no extra thread hand-off:
 
 - closed loop: each connection keeps ``pipeline`` requests in flight; a reply sends the next one.
   Slot threads take client tickets from a counter shared by every process, so ``total`` clients run
@@ -35,20 +36,25 @@ from bench.answers import wrong_answer
 from bench.recorder import Recorder, Reporter
 from clients.blocking import Client
 from clients.common import ConnectionLost
+from clients.http import HttpClient
 from protocol import ServerError
 
 Pair = tuple[str, str]
 Item = Pair | Mapping[str, Any]
 """One request of the mix: a (question, context) pair (a qa request), or the fields of the
 spec's ``op`` (``{"texts": [...]}`` for embed, ``{"text": ...}`` for classify)."""
+LoadClient = Client | HttpClient
+"""A connection the load goes over: TCP (pipelined) or the HTTP API (one request at a time)."""
+#: The ``client`` options an ``HttpClient`` takes (TLS itself follows the URL's scheme).
+HTTP_OPTIONS = ("token", "tls_ca", "tls_cert", "tls_key")
 
 
 @dataclass(frozen=True)
 class ClosedSpec:
     """One worker's share of a closed-loop run."""
 
-    host: str
-    port: int
+    host: str  # the TCP listener (with ``url``: the one the server's stats come from)
+    port: int | None  # None: none (only with ``url``)
     pairs: Sequence[Item]
     slots: int  # connections this process keeps open at once
     requests_per_client: int
@@ -62,6 +68,8 @@ class ClosedSpec:
     #: The reference answer of each item of ``pairs`` (bench/answers.py): a reply that
     #: disagrees counts as ``wrong_answer``. None: replies are not checked.
     expected: Sequence[Any] | None = field(default=None, repr=False)
+    #: The HTTP API's base URL (``http://HOST:PORT``): requests go there, not over TCP
+    url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,7 +77,7 @@ class OpenSpec:
     """One worker's share of an open-loop run."""
 
     host: str
-    port: int
+    port: int | None
     pairs: Sequence[Item]
     connections: int
     rate: float  # this process's arrivals per second
@@ -82,9 +90,33 @@ class OpenSpec:
     model: str | None = None
     client: Mapping[str, Any] = field(default_factory=dict, repr=False)  # as ClosedSpec's
     expected: Sequence[Any] | None = field(default=None, repr=False)  # as ClosedSpec's
+    url: str | None = None  # as ClosedSpec's
 
 
-def send(client: Client, item: Item, op: str = "qa",
+def connect(spec: ClosedSpec | OpenSpec) -> LoadClient:
+    """A new connection of the spec's: to its ``url`` over HTTP, else over TCP.
+
+    Raises:
+        OSError: the server cannot be reached.
+    """
+    if spec.url is not None:
+        return http_client(spec.url, spec.client)
+    assert spec.port is not None, "a TCP run needs a port"
+    return Client(spec.host, spec.port, **spec.client)
+
+
+def http_client(url: str, options: Mapping[str, Any]) -> HttpClient:
+    """An ``HttpClient`` to ``url`` with the ``Client`` options that apply over HTTP (the token
+    and TLS files; TLS itself follows the URL's scheme)."""
+    return HttpClient(url, **{k: v for k, v in options.items() if k in HTTP_OPTIONS})
+
+
+def where(spec: ClosedSpec | OpenSpec) -> str:
+    """The spec's server, in words."""
+    return spec.url or f"{spec.host}:{spec.port}"
+
+
+def send(client: LoadClient, item: Item, op: str = "qa",
          model: str | None = None) -> Future[dict[str, Any]]:
     """Send one request of the mix on ``client``: a pair as a qa request, a map as ``op``'s
     fields; naming ``model`` where given."""
@@ -139,7 +171,7 @@ class _ClosedDriver:
     """One client connection of a closed loop: ``count`` requests, ``pipeline`` in flight, none
     sent after ``deadline`` (``time.perf_counter()`` time)."""
 
-    def __init__(self, client: Client, spec: ClosedSpec, first_pair: int, recorder: Recorder,
+    def __init__(self, client: LoadClient, spec: ClosedSpec, first_pair: int, recorder: Recorder,
                  deadline: float = math.inf) -> None:
         self._client, self._spec, self._first, self._rec = client, spec, first_pair, recorder
         self._deadline = deadline
@@ -230,7 +262,7 @@ def _slot(spec: ClosedSpec, tickets: Any, recorder: Recorder, deadline: float) -
             return
         recorder.client_started()
         try:
-            client = Client(spec.host, spec.port, **spec.client)
+            client = connect(spec)
         except OSError:
             recorder.failed("connect_failed", spec.requests_per_client)
             continue
@@ -285,7 +317,7 @@ class _OpenTracker:
             if self._in_flight == 0 and self._all_sent:
                 self._idle.set()
 
-    def wait(self, clients: list[Client]) -> None:
+    def wait(self, clients: Sequence[LoadClient]) -> None:
         """Wait for every reply; after ``timeout_s`` without one, close and count the rest."""
         with self._lock:
             self._all_sent = True
@@ -301,8 +333,8 @@ class _OpenTracker:
                 return
 
 
-def _send_on_schedule(spec: OpenSpec, clients: list[Client], offsets: list[float], start: float,
-                      tracker: _OpenTracker, recorder: Recorder) -> None:
+def _send_on_schedule(spec: OpenSpec, clients: Sequence[LoadClient], offsets: list[float],
+                      start: float, tracker: _OpenTracker, recorder: Recorder) -> None:
     """Send request n at ``start + offsets[n]``, round robin over the connections."""
     pairs = spec.pairs
     for n, offset in enumerate(offsets):
@@ -325,10 +357,9 @@ def open_worker(spec: OpenSpec, index: int, events: Any, go: Any, tickets: Any) 
     """Process entry point of an open-loop worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        clients = [Client(spec.host, spec.port, **spec.client)
-                   for _ in range(spec.connections)]
+        clients = [connect(spec) for _ in range(spec.connections)]
     except OSError as exc:
-        events.put(("failed", index, f"cannot connect to {spec.host}:{spec.port}: {exc}"))
+        events.put(("failed", index, f"cannot connect to {where(spec)}: {exc}"))
         return
     offsets = poisson_offsets(spec.rate, spec.duration_s, spec.count, random.Random(spec.seed))
     recorder = Recorder()

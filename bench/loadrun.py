@@ -2,6 +2,8 @@
 
 ``measure`` starts the workers of bench/loadgen.py, warms the server up (uncounted), takes the
 server's ``stats`` before and after, collects every worker's payload and returns the figures.
+The stats come over TCP; a run over the HTTP API (a spec's ``url``) without a TCP port has no
+server breakdown.
 """
 
 from __future__ import annotations
@@ -9,11 +11,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from bench.figures import server_breakdown, summarize
-from bench.loadgen import ClosedSpec, OpenSpec, send
+from bench.loadgen import ClosedSpec, LoadClient, OpenSpec, connect, send
 from clients.blocking import Client
 from protocol import ServerError
 
@@ -122,16 +125,20 @@ def measure(target: Callable[..., None], specs: Sequence[ClosedSpec | OpenSpec],
     Raises:
         ConnectionError: The server (or, from a worker, a connection) cannot be reached.
     """
-    host, port = specs[0].host, specs[0].port
+    first = specs[0]
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    try:
-        control = Client(host, port, **specs[0].client)
-    except OSError as exc:
-        raise ConnectionError(f"cannot reach {host}:{port}: {exc or type(exc).__name__}") \
-            from exc
-    with control:
+    with ExitStack() as stack:
+        control: Client | None = None  # the server's stats, over TCP
+        if first.port is not None:
+            with _reaching(f"{first.host}:{first.port}"):
+                control = stack.enter_context(Client(first.host, first.port, **first.client))
+        load: LoadClient | None = control  # the warm-up goes where the load goes
+        if first.url is not None:
+            with _reaching(first.url):
+                load = stack.enter_context(connect(first))
+        assert load is not None, "a spec without a port has a url"
         payloads, before = run_workers(
-            target, specs, tickets=tickets, warm_up=lambda: _warm_up(control, specs[0], warmup),
+            target, specs, tickets=tickets, warm_up=lambda: _warm_up(load, first, warmup),
             before=lambda: _server_stats(control), total=total, progress=progress)
         after = _settled_stats(control, before)
     return {"settings": settings, "started": started, **summarize(payloads),
@@ -139,7 +146,16 @@ def measure(target: Callable[..., None], specs: Sequence[ClosedSpec | OpenSpec],
                                        settings.get("op"))}, payloads
 
 
-def _warm_up(client: Client, spec: ClosedSpec | OpenSpec, count: int) -> None:
+@contextmanager
+def _reaching(where: str) -> Iterator[None]:
+    """Connecting to ``where``: OSError becomes ConnectionError, saying where."""
+    try:
+        yield
+    except OSError as exc:
+        raise ConnectionError(f"cannot reach {where}: {exc or type(exc).__name__}") from exc
+
+
+def _warm_up(client: LoadClient, spec: ClosedSpec | OpenSpec, count: int) -> None:
     """Send ``count`` uncounted requests of the spec's mix, 8 in flight at a time; their errors
     are ignored."""
     pairs = spec.pairs
@@ -153,16 +169,19 @@ def _warm_up(client: Client, spec: ClosedSpec | OpenSpec, count: int) -> None:
                 pass
 
 
-def _server_stats(client: Client) -> dict[str, Any] | None:
-    """The server's ``stats`` result, or None from a server without that op or no longer
-    reachable (a server that died mid-run: the run's own figures still count)."""
+def _server_stats(client: Client | None) -> dict[str, Any] | None:
+    """The server's ``stats`` result, or None without a TCP connection (``client``), from a
+    server without that op or no longer reachable (a server that died mid-run: the run's own
+    figures still count)."""
+    if client is None:
+        return None
     try:
         return client.stats(timeout=30)
     except (ServerError, OSError):  # ConnectionLost and TimeoutError included
         return None
 
 
-def _settled_stats(client: Client, before: dict[str, Any] | None) -> dict[str, Any] | None:
+def _settled_stats(client: Client | None, before: dict[str, Any] | None) -> dict[str, Any] | None:
     """Stats after the run, once the server has counted the last replies (at most 2 s)."""
     deadline = time.monotonic() + 2.0
     while (after := _server_stats(client)) is not None and before is not None:

@@ -34,7 +34,7 @@ def connect(address: tuple[str, int], tls: ssl.SSLContext | None = None,
             timeout: float = 30) -> socket.socket:
     """A connection to the HTTP API, TLS where ``tls`` is given."""
     sock = socket.create_connection(address, timeout=timeout)
-    return tls.wrap_socket(sock, server_hostname="localhost") if tls is not None else sock
+    return tls.wrap_socket(sock, server_hostname=address[0]) if tls is not None else sock
 
 
 def read_responses(sock: socket.socket, count: int) -> list[tuple[int, dict[str, str], Any]]:
