@@ -87,6 +87,11 @@ def document(models: Iterable[Any]) -> dict[str, Any]:
         "/v2": _get("KServe v2: server metadata", {"type": "object"}),
         "/v2/models/{name}": _named(_get("KServe v2: model metadata", {"type": "object"})),
         "/v2/models/{name}/ready": _named(_get("KServe v2: model ready", None, open_=True)),
+        "/v2/models/{name}/versions/1": _named(_get("KServe v2: model metadata (its one "
+                                                    "version)", {"type": "object"})),
+        "/v2/models/{name}/versions/1/ready": _named(_get("KServe v2: model ready", None,
+                                                          open_=True)),
+        "/v1/models/{name}": _named(_get("OpenAI: one served model", {"type": "object"})),
         "/v2/models/{name}/infer": _named(_post(
             "KServe v2: inference with BYTES (text) inputs",
             _obj(["inputs"], {"id": {"type": "string"}, "inputs": {"type": "array",

@@ -103,6 +103,10 @@ class Routes:
     async def v1_models(self, request: Request) -> Response:
         return Response(openai.model_list([m.name for m in self.state.models], self.created))
 
+    async def v1_model(self, request: Request) -> Response:
+        model = self._model(request.params["name"])
+        return Response(openai.model_list([model.name], self.created)["data"][0])
+
     async def v2(self, request: Request) -> Response:
         return Response({"name": SERVER_NAME, "version": VERSION, "extensions": []})
 
@@ -203,10 +207,16 @@ def route_table(app: HttpApp) -> tuple[dict[str, Route], list[tuple[str, str, Ro
         "/predict": Route(post(r.predict)),
         "/v1/embeddings": Route(post(r.embeddings)),
     }
-    patterns = [
-        ("/v2/models/", "/ready", Route(get(r.model_ready), open=True)),
-        ("/v2/models/", "/infer", Route(post(r.infer))),
-        ("/v2/models/", "", Route(get(r.v2_model))),
+    ready, infer, metadata = (Route(get(r.model_ready), open=True), Route(post(r.infer)),
+                              Route(get(r.v2_model)))
+    patterns = [  # every model has one version, "1" (tritonclient's model_version="1")
+        ("/v2/models/", "/versions/1/ready", ready),
+        ("/v2/models/", "/versions/1/infer", infer),
+        ("/v2/models/", "/versions/1", metadata),
+        ("/v2/models/", "/ready", ready),
+        ("/v2/models/", "/infer", infer),
+        ("/v2/models/", "", metadata),
+        ("/v1/models/", "", Route(get(r.v1_model))),
         ("/models/", "", Route(post(r.model_call))),
         ("/ops/", "", Route(post(r.op))),
     ]

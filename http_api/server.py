@@ -2,6 +2,9 @@
 probes answer "loading" meanwhile), served by uvicorn on an event loop in a thread of its own
 (``http``), and stopped after the models have drained, so that requests admitted before a stop
 still get their replies while readiness says 503.
+
+The event loop is uvloop; ``QA_HTTP_LOOP=asyncio`` in the environment runs asyncio's own, as
+bench/http.py does to measure one against the other.
 """
 
 from __future__ import annotations
@@ -87,7 +90,8 @@ class HttpFrontEnd:
         limits = ConnectionLimits(cfg.max_connections, cfg.idle_timeout_s, cfg.frame_timeout_s,
                                   state.stats)
         config = uvicorn.Config(self.app, http=functools.partial(GuardedProtocol, limits=limits),
-                                loop="uvloop", lifespan="off", log_config=None,
+                                loop=os.environ.get("QA_HTTP_LOOP", "uvloop"),
+                                lifespan="off", log_config=None,
                                 access_log=False, server_header=False,
                                 timeout_keep_alive=int(max(1, cfg.idle_timeout_s or 86400)),
                                 timeout_graceful_shutdown=1)
