@@ -6,15 +6,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from protocol.fields import MAX_TIMEOUT_MS
 from protocol.qa_options import MAX_ANSWER_LEN, MAX_TOP_K
 
 _JSON = "application/json"
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _TEXTS = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
                                          "minItems": 1}]}
+#: A deadline in milliseconds: above 0, up to a day (OpenAPI 3.0: a boolean exclusiveMinimum).
+_MS = {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": MAX_TIMEOUT_MS}
 _OURS = {"model": {"type": "string", "description": "the served model to run it"},
-         "timeout_ms": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400000,
-                        "description": "its deadline in milliseconds (else X-Timeout-Ms)"}}
+         "timeout_ms": {**_MS, "description": "its deadline in milliseconds (else X-Timeout-Ms)"}}
 _QA_ANSWER = {"type": "object", "required": ["answer", "score", "start", "end"],
               "properties": {"answer": {"type": "string"}, "score": {"type": "number"},
                              "start": {"type": "integer"}, "end": {"type": "integer"}}}
@@ -58,7 +60,7 @@ def _get(summary: str, ok: dict[str, Any] | None, *, open_: bool = False,
 def _post(summary: str, body: dict[str, Any], ok: dict[str, Any]) -> dict[str, Any]:
     return {"post": {"summary": summary, "parameters": [
         {"name": "X-Timeout-Ms", "in": "header", "required": False,
-         "schema": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400000}}],
+         "schema": _MS}],
         "requestBody": {"required": True, "content": {_JSON: {"schema": body}}},
         "responses": _responses(ok)}}
 
