@@ -45,7 +45,7 @@ from settings.choices import SettingRegistry
 from settings.server_config import ServerConfig, given_settings, parse_args
 from telemetry.stats import ServerStats
 from transport import BindError, Connection, Listener, bind_socket, bind_unix_socket, refuse
-from transport.closing import DELIVERY_POLL_S
+from transport.closing import finish_all
 from transport.listener import publish_address
 from transport.tls import config_problems as tls_problems
 from transport.tls import server_context
@@ -132,8 +132,8 @@ class InferenceServer:
             self._publish_address(False)  # a file left by an earlier run must not say "up"
             if cfg.metrics_port is not None:  # a port too: fail early; scrapes show the loading
                 self._start_metrics(cfg.metrics_host, cfg.metrics_port)
-            if cfg.http_address() is not None:  # before loading: probes answer "loading"
-                from http_api.server import start_http
+            if cfg.http_address() is not None:  # before loading: probes say "loading"
+                from http_api.server import start_http  # uvicorn only where HTTP is served
 
                 self._http = start_http(self, self._tls)
             self._load(cancel)
@@ -299,8 +299,13 @@ class InferenceServer:
 
     def collect_stats(self) -> tuple[dict[str, Any], ServerStats, dict[str, ServerStats]]:
         """The ``stats`` result, the statistics it was made from (the server's own plus every
-        model's, summed over worker processes), and each model's (dispatch/report.py)."""
-        return collect_stats(self.config, self.stats, self.models, self.ready)
+        model's, summed over worker processes), and each model's (dispatch/report.py); with
+        the HTTP API's address and connections under ``http``."""
+        result, total, per_model = collect_stats(self.config, self.stats, self.models,
+                                                 self.ready)
+        if self._http is not None:
+            result["http"] = self._http.describe()
+        return result, total, per_model
 
     def forget(self, conn: Connection) -> None:
         """Drop a closed connection, and any work it left queued, which nobody awaits now."""
@@ -339,20 +344,9 @@ class InferenceServer:
         with self._lock:
             connections = list(self.connections)
 
-        def left() -> float:
-            return max(0.0, deadline - time.monotonic())
-
         if self._http is not None:  # after the drain: its replies went out meanwhile
-            self._http.stop(left())
-        finishing = connections  # each closes once its client has every reply, all at once
-        while finishing := [conn for conn in finishing if not conn.finish()]:
-            if left() <= 0:
-                break
-            time.sleep(DELIVERY_POLL_S)
-        for conn in finishing:  # out of time: a client that does not read loses what is left
-            conn.close()
-        for conn in connections:
-            conn.thread.join(left())
+            self._http.stop(max(0.0, deadline - time.monotonic()))
+        finish_all(connections, deadline)
         if self._sim_dir is not None:
             shutil.rmtree(self._sim_dir, ignore_errors=True)
         if self._metrics_httpd is not None:

@@ -20,6 +20,10 @@ import array
 import fcntl
 import socket
 import termios
+import threading
+import time
+from collections.abc import Sequence
+from typing import Protocol
 
 #: Seconds between looks at a closing socket's unacknowledged bytes.
 DELIVERY_POLL_S = 0.01
@@ -55,3 +59,31 @@ def shut_write(sock: socket.socket) -> bool:
     except OSError:
         return False
     return True
+
+
+class Finishing(Protocol):
+    """A connection that closes in steps (transport.Connection)."""
+
+    thread: threading.Thread
+
+    def finish(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+def finish_all(connections: Sequence[Finishing], deadline: float) -> None:
+    """Close every connection once its client has every reply, all at once, polling each every
+    ``DELIVERY_POLL_S``; at ``deadline`` (``time.monotonic()``) those left are closed anyway (a
+    client that does not read loses what is left); then join their threads."""
+    def left() -> float:
+        return max(0.0, deadline - time.monotonic())
+
+    finishing = list(connections)
+    while finishing := [conn for conn in finishing if not conn.finish()]:
+        if left() <= 0:
+            break
+        time.sleep(DELIVERY_POLL_S)
+    for conn in finishing:
+        conn.close()
+    for conn in connections:
+        conn.thread.join(left())
