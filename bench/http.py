@@ -10,7 +10,9 @@
     ``--loops``, more zero-engine servers whose HTTP API runs on another event loop
     (``QA_HTTP_LOOP``, e.g. asyncio against the default uvloop).
 (3) Start-up: the default repository (``--repository``) with HTTP and with ``--http_port -1``,
-    seconds from the process's start to serving, and its resident memory once serving.
+    seconds from the process's start to the models' loading (imports and listeners, HTTP's
+    share of the start) and to serving (the models' warm-up, whose timing runs vary by a
+    second), and its resident memory once serving.
 Each figure is the median of its rounds, with its spread (min-max).
 """
 
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +33,7 @@ if __package__ in (None, ""):
 
 from bench.mix import load_mix  # noqa: E402
 from bench.runs import run_closed_loop  # noqa: E402
-from bench.servers import start_server, stop_servers  # noqa: E402
+from bench.servers import ROOT, start_server, stop_servers, subprocess_drain  # noqa: E402
 from broker.local_server import free_port  # noqa: E402
 
 
@@ -121,26 +124,46 @@ def zero_rounds(args: argparse.Namespace, mix: list[Any]) -> dict[str, Any]:
     return out
 
 
+def timed_start(repository: str, http: bool) -> tuple[Any, float, float]:
+    """A server of ``repository`` started with HTTP or ``--http_port -1``: (its process,
+    seconds from its start to the log's ``loading`` line, which follows the listeners' start,
+    and to ``serving on``)."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "server.py"), "--port", "0",
+                             "--model_dir", repository, "--http_port",
+                             str(free_port()) if http else "-1"],
+                            cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            text=True)
+    started, loading = time.monotonic(), None
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if loading is None and " loading " in line:
+            loading = time.monotonic() - started
+        if "serving on" in line:
+            subprocess_drain(proc)
+            return proc, loading or 0.0, time.monotonic() - started
+    raise RuntimeError(f"the server exited {proc.wait()} before serving")
+
+
 def startup_rounds(args: argparse.Namespace) -> dict[str, Any]:
-    """(3): seconds to serving and resident MB once serving, with HTTP and without."""
+    """(3): seconds to the models' loading (the listeners started) and to serving, and
+    resident MB once serving, with HTTP and without."""
     figures: dict[str, list[float]] = {}
     for n in range(args.rounds):
         order = ["http", "no_http"] if n % 2 == 0 else ["no_http", "http"]
         for name in order:
-            flags = ["--http_port", str(free_port()) if name == "http" else "-1"]
-            started = time.monotonic()
-            proc, _ = start_server("onnx", args.repository, 2, flags)
-            figures.setdefault(f"{name}_start_s", []).append(time.monotonic() - started)
+            proc, loading, serving = timed_start(args.repository, name == "http")
+            figures.setdefault(f"{name}_to_loading_s", []).append(loading)
+            figures.setdefault(f"{name}_start_s", []).append(serving)
             time.sleep(1.0)
             figures.setdefault(f"{name}_rss_mb", []).append(rss_mb(proc.pid))
             stop_servers(proc)
+            proc.wait()
         print(f"  round {n + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in figures.items()),
               flush=True)
     out: dict[str, Any] = {k: summary(v) for k, v in figures.items()}
-    out["start_delta_s"] = summary([h - b for h, b in zip(figures["http_start_s"],
-                                                          figures["no_http_start_s"])])
-    out["rss_delta_mb"] = summary([h - b for h, b in zip(figures["http_rss_mb"],
-                                                         figures["no_http_rss_mb"])])
+    for figure in ("to_loading_s", "start_s", "rss_mb"):
+        out[f"{figure}_delta"] = summary([h - b for h, b in zip(figures[f"http_{figure}"],
+                                                                figures[f"no_http_{figure}"])])
     out["raw"] = figures
     return out
 
