@@ -110,6 +110,7 @@ class ModelSet:
             ModelDirError: no model, or unreadable metadata.
             ValueError: a task that cannot be loaded, or a layout the settings cannot serve.
         """
+        found: dict[str, ServedModel] = {}  # published whole: the HTTP API reads it meanwhile
         for name, path in find_models(self.config.model_dir):
             info = load_model_info(path)
             if self.config.inference_engine_type in NO_MODEL:  # nothing runs the weights
@@ -119,9 +120,10 @@ class ModelSet:
             if cls.op in CONTROL_OPS:  # the built-in op would always win: never reachable
                 raise ValueError(f"model {name}: task {info.task!r} answers op {cls.op!r}, "
                                  f"which the server answers itself; give the task another op")
-            self.models[name] = ServedModel(
+            found[name] = ServedModel(
                 name=name, config=replace(self.config, model_dir=str(path)), info=info,
                 op=cls.op, stats=ServerStats(cls.op, self.stats), fields=dict(cls.fields))
+        self.models = found
         self.task_ops = frozenset(m.op for m in self if m.op not in REQUEST_PARSERS)
 
     def start(self, cancel: threading.Event | None = None) -> None:

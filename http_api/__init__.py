@@ -7,7 +7,8 @@ same models, queues, batching, admission control and deadlines.
 
 - ``server.py``: the listener's thread, start and stop (``HttpFrontEnd``);
 - ``guard.py``: each connection's limits (the cap, idle and header timeouts);
-- ``app.py``: the ASGI application and its routes; ``auth.py``: bearer tokens;
+- ``app.py``: the ASGI application (routing, bearer tokens, typed errors); ``routes.py``: the
+  routes;
 - ``body.py``: reading a request's JSON body within the payload limit;
 - ``exchange.py``: one HTTP request's wire requests, handed to dispatch/ and awaited;
 - ``shapes/``: each API family's bodies, turned into wire requests and results into replies;

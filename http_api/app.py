@@ -18,13 +18,13 @@ from typing import Any, Protocol
 import orjson
 
 from dispatch.auth import Authenticator
+from dispatch.handler import RequestHandler
 from dispatch.models import ModelSet
 from http_api.body import ClientGone, check_content_type, parse_json, read_body
 from http_api.errors import HttpError, error_headers, error_json, status_of
-from http_api.exchange import Delivery, Exchange, Intake
-from http_api.guard import BEGAN
+from http_api.exchange import Delivery, Exchange, Intake, Reply
 from http_api.shapes import Call
-from protocol.errors import BadRequest, InternalError, ServerError, Unavailable
+from protocol.errors import BadRequest, InternalError, ServerError, Unauthorized, Unavailable
 from protocol.fields import MAX_TIMEOUT_MS
 from settings.server_config import ServerConfig
 from telemetry.stats import ServerStats
@@ -39,32 +39,29 @@ class ServingState(Protocol):
     """What the HTTP API needs of the server it serves (server.InferenceServer)."""
 
     config: ServerConfig
-    handler: Any  # dispatch.handler.RequestHandler
+    handler: RequestHandler
     models: ModelSet
     stats: ServerStats
     auth: Authenticator
 
     @property
-    def ready(self) -> bool: ...
-
-    @property
-    def serving(self) -> bool: ...
+    def serving(self) -> bool:
+        """Started: every model loaded and the listeners accepting."""
 
     def collect_stats(self) -> tuple[dict[str, Any], ServerStats, dict[str, ServerStats]]: ...
 
 
 @dataclass
 class Request:
-    """One HTTP request, as a route sees it."""
+    """One HTTP request, as a route sees it (``body_read``: its body was read whole)."""
 
     method: str
     path: str
     headers: dict[str, str]
     params: dict[str, str]
     receive: Callable[[], Awaitable[dict[str, Any]]]
-    began: float
     peer: str
-    query: str = ""
+    body_read: bool = False
 
 
 @dataclass
@@ -112,36 +109,50 @@ class HttpApp:
             response = await self._respond(scope, receive)
         except ClientGone:
             return
-        await _send(send, response)
+        try:
+            body = _encoded(response.body)
+        except (TypeError, ValueError) as exc:  # a plug-in's result JSON cannot carry
+            log.error("HTTP %s: its reply cannot be sent as JSON (%s)", scope["path"], exc)
+            response = self._refused(InternalError(f"the result could not be encoded as JSON: "
+                                                   f"{type(exc).__name__}"))
+            body = response.body
+        await _send(send, response, body)
 
     async def _respond(self, scope: dict[str, Any], receive: Any) -> Response:
         path, method = scope["path"], scope["method"]
         route, params = self._match(path)
         if route is None:
-            return error_response(HttpError("not_found", f"no route {path[:100]!r} (see "
-                                                         "GET /openapi.json)"))
+            return self._refused(HttpError("not_found", f"no route {path[:100]!r} (see "
+                                                        "GET /openapi.json)"),
+                                 {"connection": "close"} if method != "GET" else None)
         handler = route.handlers.get(method)
         if handler is None:
             allowed = ", ".join(sorted(route.handlers))
-            return error_response(HttpError("method_not_allowed", f"{method} is not allowed on "
-                                             f"{path}; allowed: {allowed}"), {"allow": allowed})
+            return self._refused(HttpError("method_not_allowed", f"{method} is not allowed on "
+                                            f"{path}; allowed: {allowed}"),
+                                 {"allow": allowed, "connection": "close"})
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         client = scope.get("client")
         request = Request(method, path, headers, params, receive,
-                          scope.get(BEGAN, time.monotonic()),
-                          f"{client[0]}:{client[1]}" if client else "?",
-                          scope.get("query_string", b"").decode("latin-1"))
+                          f"{client[0]}:{client[1]}" if client else "?")
         try:
             if not route.open:
                 self._authorize(headers)
             return await handler(request)
-        except ServerError as exc:
-            return error_response(exc)
+        except ServerError as exc:  # refused before any model: dispatch/ counted nothing
+            return self._refused(exc, _unread(request))
         except ClientGone:
             raise
         except Exception as exc:  # noqa: BLE001 - one bad request fails alone
             log.exception("HTTP %s %s failed", method, path)
-            return error_response(InternalError(f"{type(exc).__name__}: {exc}"))
+            return self._refused(InternalError(f"{type(exc).__name__}: {exc}"),
+                                 _unread(request))
+
+    def _refused(self, error: ServerError, headers: dict[str, str] | None = None) -> Response:
+        """The reply of an error of the HTTP layer, counted under op ``http`` in stats (an
+        admitted request's error is counted by dispatch/, under its op)."""
+        self.state.stats.count("http", error.code)
+        return error_response(error, headers)
 
     def _match(self, path: str) -> tuple[Route | None, dict[str, str]]:
         route = self.exact.get(path)
@@ -165,10 +176,12 @@ class HttpApp:
 
     # -- the models ----------------------------------------------------------------------
     async def json_body(self, request: Request) -> Any:
-        """The request's JSON body, within the payload limit and ``--frame_timeout``."""
+        """The request's JSON body, within the payload limit and ``--frame_timeout`` (counted
+        from now: a pipelined request's head arrived while an earlier one was answered)."""
         check_content_type(request.headers)
-        body = await read_body(request.receive, request.headers, self.limit, request.began,
+        body = await read_body(request.receive, request.headers, self.limit, time.monotonic(),
                                self.state.config.frame_timeout_s)
+        request.body_read = True
         return parse_json(body)
 
     async def run(self, request: Request, call: Call) -> Response:
@@ -185,34 +198,33 @@ class HttpApp:
             self.delivery = Delivery(asyncio.get_running_loop())
         exchange = Exchange(self.delivery, len(messages), request.peer)
         self.intake.put(exchange, messages)
-        replies = await _awaiting_client(request, exchange)
+        replies = await self._awaiting_client(request, exchange)
         for reply in replies:
-            if reply.error is not None:
-                raise reply.error
-        results = [reply.result or {} for reply in replies]
-        return Response(call.respond(results), headers=call.headers)
+            if reply.error is not None:  # dispatch/ counted it
+                return error_response(reply.error)
+        return Response(call.respond([reply.result or {} for reply in replies]))
 
+    async def _awaiting_client(self, request: Request, exchange: Exchange) -> list[Reply]:
+        """The exchange's replies. A client that disconnects first is answered nothing, and
+        its queued requests are dropped (``Intake.client_gone``), as a TCP client's are."""
+        watcher = asyncio.ensure_future(request.receive())
 
-async def _awaiting_client(request: Request, exchange: Exchange) -> list[Any]:
-    """The exchange's replies; a client that disconnects first has its requests skipped
-    (``exchange.close()``: queued work for it is not run) and is answered nothing."""
-    watcher = asyncio.ensure_future(request.receive())
+        def gone(_: Any) -> None:
+            if not watcher.cancelled() and not exchange.future.done():
+                self.intake.client_gone(exchange)
+                exchange.future.cancel()
 
-    def gone(_: Any) -> None:
-        if not watcher.cancelled() and not exchange.future.done():
-            exchange.close()
-            exchange.future.cancel()
-
-    watcher.add_done_callback(gone)
-    try:
-        return await exchange.future
-    except asyncio.CancelledError:
-        if exchange.is_open():
-            raise
-        raise ClientGone() from None
-    finally:
-        watcher.remove_done_callback(gone)
-        watcher.cancel()
+        watcher.add_done_callback(gone)
+        try:
+            return await exchange.future
+        except asyncio.CancelledError:
+            if exchange.is_open():  # this task was cancelled (a stop out of time)
+                exchange.close()
+                raise
+            raise ClientGone() from None
+        finally:
+            watcher.remove_done_callback(gone)
+            watcher.cancel()
 
 
 def _header_timeout(headers: dict[str, str]) -> float | None:
@@ -229,9 +241,13 @@ def _header_timeout(headers: dict[str, str]) -> float | None:
     return timeout
 
 
-def _unauthorized() -> ServerError:
-    from protocol.errors import Unauthorized
+def _unread(request: Request) -> dict[str, str] | None:
+    """``Connection: close`` for a reply sent before the request's body was read whole: the
+    rest of it is not read, so the connection cannot serve another request."""
+    return None if request.method == "GET" or request.body_read else {"connection": "close"}
 
+
+def _unauthorized() -> ServerError:
     return Unauthorized("a valid token is required: Authorization: Bearer TOKEN")
 
 
@@ -241,9 +257,13 @@ def error_response(error: ServerError, headers: dict[str, str] | None = None) ->
                                                           **(headers or {})})
 
 
-async def _send(send: Any, response: Response) -> None:
-    body = response.body if isinstance(response.body, bytes) else \
-        orjson.dumps(response.body, option=orjson.OPT_SERIALIZE_NUMPY)
+def _encoded(body: Any) -> bytes:
+    """A reply's body as bytes: bytes as they are, anything else as JSON (numpy too)."""
+    return body if isinstance(body, bytes) else \
+        orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+async def _send(send: Any, response: Response, body: bytes) -> None:
     headers = [(b"content-type", response.content_type.encode("latin-1")),
                (b"content-length", str(len(body)).encode("ascii")),
                *((k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items())]

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import orjson
 
-from protocol.errors import BadRequest, ServerError
+from protocol.errors import ServerError
 
 #: The status of each wire error code (docs/http.md's table).
 STATUS_BY_CODE: dict[str, int] = {
@@ -15,6 +15,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "protocol_error": 400,
     "frame_too_large": 413,
     "frame_timeout": 408,
+    "head_too_large": 431,
     "unauthorized": 401,
     "overloaded": 429,
     "too_many_connections": 429,
@@ -33,7 +34,7 @@ RETRY_AFTER_S = {"overloaded": 1, "too_many_connections": 1, "unavailable": 1,
                  "shutting_down": 5}
 
 
-class HttpError(BadRequest):
+class HttpError(ServerError):
     """An error of the HTTP layer itself, with its own code and status (not found, wrong
     method, a body that is not JSON, the wrong content type)."""
 

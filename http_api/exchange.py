@@ -17,7 +17,9 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
+
+import orjson
 
 from dispatch.auth import AuthState
 from protocol.errors import InternalError, ServerError, error_for_code
@@ -36,7 +38,7 @@ class Reply(NamedTuple):
     error: ServerError | None
 
 
-class Dispatcher:
+class Dispatcher(Protocol):
     """What an exchange's requests are handed to (dispatch.handler.RequestHandler)."""
 
     def handle(self, message: Any, conn: Any) -> None: ...
@@ -130,7 +132,15 @@ class Exchange:
     @staticmethod
     def encode_reply(request_id: int, result: dict[str, Any] | None,
                      error: ServerError | None) -> tuple[Any, ServerError | None]:
-        """The reply as it is: the route shapes and encodes it on the loop."""
+        """The reply as it is (the route shapes and encodes it on the loop), or ``internal``
+        where JSON cannot carry its result (a plug-in's set, say), for this request alone."""
+        if error is None:
+            try:
+                orjson.dumps(result, option=orjson.OPT_SERIALIZE_NUMPY)
+            except (TypeError, ValueError) as exc:
+                log.error("request %s: its result cannot be sent as JSON (%s)", request_id, exc)
+                error = InternalError(f"the result could not be encoded: {type(exc).__name__}")
+                result = None
         return (request_id, Reply(result, error)), error
 
     def send_reply(self, reply: tuple[int, Reply]) -> None:
@@ -138,18 +148,31 @@ class Exchange:
         self._record(*reply)
 
     def send(self, message: dict[str, Any], final: bool = False) -> bool:
-        """A reply dispatch/ made at once: a refusal or a control op's result (wire map)."""
-        request_id = message.get("id")
-        if not isinstance(request_id, int) or not 0 <= request_id < self._count:
-            log.error("HTTP %s: a reply for no request of it: %r", self.peer, message)
-            request_id = next(i for i in range(self._count) if i not in self._replies)
+        """A reply dispatch/ made at once: a refusal or a control op's result (wire map).
+        One it cannot match to a request answers every unanswered request of the exchange
+        with its error, so that none waits for a reply that will not come."""
         if message.get("ok"):
-            self._record(request_id, Reply(message.get("result"), None))
+            reply = Reply(message.get("result"), None)
         else:
             body = message.get("error") or {}
-            self._record(request_id, Reply(None, error_for_code(
-                str(body.get("code", InternalError.code)), str(body.get("message", "")))))
+            reply = Reply(None, error_for_code(str(body.get("code", InternalError.code)),
+                                               str(body.get("message", ""))))
+        request_id = message.get("id")
+        if isinstance(request_id, int) and 0 <= request_id < self._count:
+            self._record(request_id, reply)
+        else:
+            log.error("HTTP %s: a reply for no request of it: %r", self.peer, message)
+            self.fail(reply.error or InternalError("a reply matched no request"))
         return True
+
+    def fail(self, error: ServerError) -> None:
+        """Answer every request not yet answered with ``error``."""
+        with self._lock:
+            for request_id in range(self._count):
+                self._replies.setdefault(request_id, Reply(None, error))
+            complete = not self.future.done()
+        if complete:
+            self._delivery.deliver(self)
 
     def _record(self, request_id: int, reply: Reply) -> None:
         with self._lock:
@@ -169,20 +192,29 @@ class Intake:
         threads: How many (tokenizing on several cores, as TCP's reader threads do).
     """
 
-    def __init__(self, dispatcher: Dispatcher, threads: int) -> None:
+    def __init__(self, dispatcher: Dispatcher, threads: int,
+                 purge: Callable[[], None] = lambda: None) -> None:
         self._dispatcher = dispatcher
+        self._purge = purge
         self._queue: queue.SimpleQueue[tuple[Exchange, list[dict[str, Any]]] | None] = \
             queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._run, name=f"http-intake-{n}",
                                           daemon=True) for n in range(max(1, threads))]
 
     def start(self) -> None:
+        """Start the threads."""
         for thread in self._threads:
             thread.start()
 
     def put(self, exchange: Exchange, messages: list[dict[str, Any]]) -> None:
         """Hand ``messages`` (numbered ``id`` 0..n-1) to dispatch/ for ``exchange``."""
         self._queue.put((exchange, messages))
+
+    def client_gone(self, exchange: Exchange) -> None:
+        """``exchange``'s client left: drop its queued work (and any other gone client's)
+        from the models' queues, as a TCP connection's close does, off the event loop."""
+        exchange.close()
+        self._queue.put((exchange, []))
 
     def stop(self) -> None:
         """Stop the threads once they have handed on what was put before."""
@@ -203,9 +235,22 @@ class Intake:
                     self._queue.put(None)  # this thread's stop: after what it has taken
                     break
                 taken.append(more)
+            for exchange, messages in taken:
+                self._hand_on(exchange, messages)
             try:
-                for exchange, messages in taken:
-                    for message in messages:
-                        self._dispatcher.handle(message, exchange)  # never raises
-            finally:
                 self._dispatcher.flush()
+            except Exception:  # noqa: BLE001 - the backends answer their own failures
+                log.exception("HTTP intake: flushing the backends failed")
+
+    def _hand_on(self, exchange: Exchange, messages: list[dict[str, Any]]) -> None:
+        """Hand one exchange's messages to dispatch/; an exchange whose client left (no
+        messages) purges the queues instead. Anything that escapes (dispatch/ answers every
+        failure it knows) answers the exchange ``internal``: no request waits forever."""
+        try:
+            if not messages:
+                self._purge()
+            for message in messages:
+                self._dispatcher.handle(message, exchange)
+        except BaseException as exc:  # noqa: BLE001 - the thread must go on
+            log.exception("HTTP %s: handing a request on failed", exchange.peer)
+            exchange.fail(InternalError(f"{type(exc).__name__} while admitting the request"))

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from http_api.app import Request, Response, Route
 from http_api.errors import HttpError
 from http_api.shapes import hf, kserve, native, openai
-from protocol.errors import BadRequest
+from protocol.errors import BadRequest, Unavailable
 
 if TYPE_CHECKING:
     from http_api.app import HttpApp
@@ -36,13 +36,17 @@ class Routes:
 
     async def ready(self, request: Request) -> Response:
         """200 when every model is loaded and warmed up (and, for a broker's front end, a
-        worker serves it) and the server is not draining; else 503, saying why."""
+        worker serves it) and the server is not draining; else 503, saying why (and, where
+        no token is required, which models are ready)."""
         why = self.not_ready()
         if why is None:
             return Response({"status": "ready"})
-        return Response({"status": "not_ready", "error": why, "error_type": "unavailable",
-                         "models": {m.name: m.backend is not None and m.backend.ready
-                                    for m in self.state.models}}, 503, {"retry-after": "1"})
+        body: dict[str, Any] = {"status": "not_ready", "error": why, "error_type": "unavailable"}
+        if not self.state.auth.required and self.state.serving \
+                and not self.state.handler.draining:  # a stop may hold a backend's lock
+            body["models"] = {m.name: m.backend is not None and m.backend.ready
+                              for m in self.state.models}
+        return Response(body, 503, {"retry-after": "1"})
 
     def not_ready(self) -> str | None:
         """Why the server is not ready, or None."""
@@ -57,19 +61,26 @@ class Routes:
         return None
 
     async def v2_ready(self, request: Request) -> Response:
-        return Response(b"" if self.not_ready() is None else b"{}",
-                        200 if self.not_ready() is None else 503)
+        """KServe's server readiness: 200 with an empty body, or 503 with ``{}``."""
+        ready = self.not_ready() is None
+        return Response(b"" if ready else b"{}", 200 if ready else 503)
 
     async def v2_live(self, request: Request) -> Response:
+        """KServe's liveness: 200 with an empty body."""
         return Response(b"")
 
     async def model_ready(self, request: Request) -> Response:
-        model = self._model(request.params["name"])
-        ok = model.backend is not None and model.backend.ready and self.not_ready() is None
-        return Response(b"" if ok else b"{}", 200 if ok else 503)
+        """KServe's model readiness (no token needed: an unknown model's 404 names none)."""
+        name = request.params["name"]
+        model = self.state.models.models.get(name)
+        if model is None:
+            raise HttpError("not_found", f"unknown model {name[:64]!r}")
+        ready = self.not_ready() is None and model.backend is not None and model.backend.ready
+        return Response(b"" if ready else b"{}", 200 if ready else 503)
 
     # -- information -----------------------------------------------------------------------
     async def info(self, request: Request) -> Response:
+        """``GET /info``: the models, version, limits, and whether tokens are required."""
         cfg = self.state.config
         return Response({"name": SERVER_NAME, "version": VERSION,
                          "models": [m.describe() for m in self.state.models],
@@ -96,21 +107,26 @@ class Routes:
         return Response(text, content_type=CONTENT_TYPE_LATEST)
 
     async def openapi(self, request: Request) -> Response:
+        """``GET /openapi.json``: the OpenAPI document of the routes served now."""
         from http_api.openapi import document
 
         return Response(document(self.state.models))
 
     async def v1_models(self, request: Request) -> Response:
+        """OpenAI's ``GET /v1/models``: every served model."""
         return Response(openai.model_list([m.name for m in self.state.models], self.created))
 
     async def v1_model(self, request: Request) -> Response:
+        """OpenAI's ``GET /v1/models/{id}``: one served model."""
         model = self._model(request.params["name"])
         return Response(openai.model_list([model.name], self.created)["data"][0])
 
     async def v2(self, request: Request) -> Response:
+        """KServe's server metadata: no extension (no binary tensor data)."""
         return Response({"name": SERVER_NAME, "version": VERSION, "extensions": []})
 
     async def v2_model(self, request: Request) -> Response:
+        """KServe's model metadata: its inputs and outputs as tensors."""
         model = self._model(request.params["name"])
         if model.op not in kserve.TENSORS:
             raise BadRequest(f"model {model.name!r} serves {model.op!r} requests, which have "
@@ -121,18 +137,22 @@ class Routes:
 
     # -- the models --------------------------------------------------------------------------
     async def qa(self, request: Request) -> Response:
+        """``POST /qa``: the Hugging Face question-answering shape."""
         return await self.app.run(request, hf.qa_call(await self.app.json_body(request),
                                                       self._max_inputs()))
 
     async def embed(self, request: Request) -> Response:
+        """``POST /embed``: text-embeddings-inference's embeddings."""
         return await self.app.run(request, hf.embed_call(await self.app.json_body(request),
                                                          self._max_inputs()))
 
     async def predict(self, request: Request) -> Response:
+        """``POST /predict``: text-embeddings-inference's classification."""
         return await self.app.run(request, hf.classify_call(
             await self.app.json_body(request), self._max_inputs(), tei=True))
 
     async def embeddings(self, request: Request) -> Response:
+        """``POST /v1/embeddings``: OpenAI's embeddings."""
         return await self.app.run(request, openai.embeddings_call(
             await self.app.json_body(request), self._max_inputs()))
 
@@ -145,7 +165,10 @@ class Routes:
         """``POST /models/{name}``: that model's task's Hugging Face shape."""
         model = self._model(request.params["name"])
         call = self._hf_call(model.op, await self.app.json_body(request))
-        call.model = call.model or model.name
+        if call.model not in (None, model.name):
+            raise BadRequest(f"the body names model {call.model[:64]!r}, the path "
+                             f"{model.name!r}: name one")
+        call.model = model.name
         return await self.app.run(request, call)
 
     def _hf_call(self, op: str, body: Any) -> Any:
@@ -161,6 +184,8 @@ class Routes:
     async def op(self, request: Request) -> Response:
         """``POST /ops/{op}``: the TCP op's own fields and result, for any served op."""
         op = request.params["name"]
+        if not self.state.serving:
+            raise Unavailable("the server is starting: its models are loading")
         if op not in {m.op for m in self.state.models}:
             raise HttpError("not_found", f"no model here serves {op!r} requests (served: "
                             f"{', '.join(sorted({m.op for m in self.state.models}))})")
@@ -168,6 +193,7 @@ class Routes:
             request)))
 
     async def infer(self, request: Request) -> Response:
+        """KServe's ``POST /v2/models/{m}/infer`` with BYTES inputs."""
         model = self._model(request.params["name"])
         if "inference-header-content-length" in request.headers:
             raise BadRequest("binary tensor data is not supported (GET /v2 lists no "
@@ -176,6 +202,9 @@ class Routes:
             model.name, model.op, await self.app.json_body(request), self._max_inputs()))
 
     def _model(self, name: str) -> Any:
+        """The served model of a path, or 404 (503 while the models are still read)."""
+        if not self.state.serving:
+            raise Unavailable("the server is starting: its models are loading")
         model = self.state.models.models.get(name)
         if model is None:
             raise HttpError("not_found", f"unknown model {name[:64]!r} (served: "

@@ -4,7 +4,7 @@ probes answer "loading" meanwhile), served by uvicorn on an event loop in a thre
 still get their replies while readiness says 503.
 
 The event loop is uvloop; ``QA_HTTP_LOOP=asyncio`` in the environment runs asyncio's own, as
-bench/http.py does to measure one against the other.
+bench/http_vs_tcp.py does to measure one against the other.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import os
 import socket
 import ssl
 import threading
+import time
 from typing import Any
 
 import uvicorn
@@ -41,6 +42,7 @@ class _Server(uvicorn.Server):
         self.handshake_timeout_s = handshake_timeout_s
         self.loop: asyncio.AbstractEventLoop | None = None
         self.up = threading.Event()
+        self._exit: asyncio.Event | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self.loop = asyncio.get_running_loop()
@@ -56,6 +58,26 @@ class _Server(uvicorn.Server):
             for sock in sockets or []]
         self.started = True
         self.up.set()
+
+    async def main_loop(self) -> None:
+        """Until ``exit()``: the Date header renewed once a second. uvicorn's own loop wakes
+        every 0.1 s, and each wake-up takes the GIL from the sessions of this process."""
+        self._exit = asyncio.Event()
+        while not self.should_exit:
+            await self.on_tick(0)  # counter 0: the Date header is renewed
+            try:
+                await asyncio.wait_for(self._exit.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
+
+    def exit(self) -> None:
+        """Stop serving (any thread)."""
+        self.should_exit = True
+        if self.loop is not None and self._exit is not None:
+            try:
+                self.loop.call_soon_threadsafe(self._exit.set)
+            except RuntimeError:  # the loop has closed already
+                pass
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's, without its lifespan (there is none)."""
@@ -85,11 +107,12 @@ class HttpFrontEnd:
         self.sock = sock
         self.scheme = "https" if tls is not None else "http"
         cfg = state.config
-        self.intake = Intake(state.handler, INTAKE_THREADS)
+        self.intake = Intake(state.handler, INTAKE_THREADS, purge=state.models.purge_gone)
         self.app = HttpApp(state, self.intake)
         limits = ConnectionLimits(cfg.max_connections, cfg.idle_timeout_s, cfg.frame_timeout_s,
                                   state.stats)
         config = uvicorn.Config(self.app, http=functools.partial(GuardedProtocol, limits=limits),
+                                ws="none", proxy_headers=False,
                                 loop=os.environ.get("QA_HTTP_LOOP", "uvloop"),
                                 lifespan="off", log_config=None,
                                 access_log=False, server_header=False,
@@ -111,16 +134,19 @@ class HttpFrontEnd:
         host, port = self.address
         return f"{self.scheme}://{host}:{port}"
 
-    def start(self) -> None:
+    def start(self, timeout_s: float = 30.0) -> None:
         """Start serving; returns once it accepts connections.
 
         Raises:
-            RuntimeError: the event loop could not start.
+            RuntimeError: the event loop could not start (within ``timeout_s``); what was
+                started is stopped.
         """
         self.intake.start()
         self._thread.start()
+        until = time.monotonic() + timeout_s
         while not self._server.up.wait(0.05):
-            if not self._thread.is_alive():
+            if not self._thread.is_alive() or time.monotonic() > until:
+                self.stop(1.0)
                 raise RuntimeError(f"the HTTP API could not start: {self._failure!r}")
 
     def _run(self) -> None:
@@ -133,8 +159,8 @@ class HttpFrontEnd:
     def stop(self, timeout: float) -> None:
         """Stop accepting, let the replies in flight go out (at most ``timeout`` seconds),
         close every connection, and stop the intake threads."""
-        self._server.config.timeout_graceful_shutdown = max(0.1, timeout)
-        self._server.should_exit = True
+        self._server.config.timeout_graceful_shutdown = max(1.0, timeout)
+        self._server.exit()
         self._thread.join(timeout + 2)
         self.intake.stop()
         self.sock.close()
@@ -159,9 +185,9 @@ def start_http(state: ServingState, tls: ssl.SSLContext | None) -> HttpFrontEnd 
         sock = bind_socket(*address)
     except BindError as exc:
         raise BindError(f"HTTP API (--http_port): {exc}") from exc
-    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
-    front = HttpFrontEnd(state, sock, tls)
+    logging.getLogger("uvicorn.error").setLevel(logging.ERROR)  # not a line per bad request
     try:
+        front = HttpFrontEnd(state, sock, tls)
         front.start()
     except BaseException:
         sock.close()

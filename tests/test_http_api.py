@@ -86,6 +86,43 @@ def test_a_wrong_content_type_is_415(http: tuple[str, int]) -> None:
     assert_error(reply, 415, "unsupported_media_type")
 
 
+def test_a_head_over_64_kib_is_431_and_closed(http: tuple[str, int]) -> None:
+    with connect(http) as sock:
+        sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: t\r\n")
+        for n in range(80):  # 80 headers of 1 KiB
+            sock.sendall(b"x-filler-%d: %s\r\n" % (n, b"y" * 1024))
+        sock.sendall(b"\r\n")
+        assert_error(read_responses(sock, 1)[0], 431, "head_too_large")
+        assert closed(sock)
+
+
+def test_bytes_that_are_not_http_get_a_json_400_and_close(http: tuple[str, int]) -> None:
+    with connect(http) as sock:
+        sock.sendall(b"\x16\x03\x01 hello, not http\r\n\r\n")
+        assert_error(read_responses(sock, 1)[0], 400, "protocol_error")
+        assert closed(sock)
+
+
+def test_forty_pipelined_requests_are_all_answered_in_order(http: tuple[str, int]) -> None:
+    """Reading pauses while 16 wait, and resumes as they are answered: none is lost."""
+    paths = [f"/v2/models/nope{n}/ready" if n % 2 else "/health/live" for n in range(40)]
+    with connect(http) as sock:
+        sock.sendall(b"".join(b"GET %s HTTP/1.1\r\nhost: t\r\n\r\n" % p.encode()
+                              for p in paths))
+        replies = read_responses(sock, 40)
+    assert [status for status, _, _ in replies] == [404 if n % 2 else 200 for n in range(40)]
+
+
+def test_an_error_before_the_body_is_read_closes_the_connection(http: tuple[str, int]) -> None:
+    alive = {"connection": "keep-alive"}
+    reply = request(http, "POST", "/qa", QA_BODY, headers={**alive, "content-type": "text/plain"})
+    assert reply[0] == 415 and reply[1]["connection"] == "close"
+    reply = request(http, "POST", "/nope", QA_BODY, headers=alive)
+    assert reply[0] == 404 and reply[1]["connection"] == "close"
+    reply = request(http, "GET", "/health/live", headers=alive)
+    assert reply[0] == 200 and reply[1].get("connection") != "close"
+
+
 def test_unknown_route_is_404_and_wrong_method_405(http: tuple[str, int]) -> None:
     assert_error(request(http, "GET", "/nope"), 404, "not_found")
     assert_error(request(http, "POST", "/v2/models/nope/infer", {}), 404, "not_found")

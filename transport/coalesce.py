@@ -7,11 +7,13 @@ pipelined connection; one ``send`` for all of them saves a system call per reply
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
+log = logging.getLogger(__name__)
 _local = threading.local()
 
 
@@ -33,8 +35,11 @@ def coalesced_sends() -> Iterator[None]:
         yield
     finally:
         held, _local.held = _local.held, None
-        for conn in held:
-            conn.flush_held()
+        for conn in held:  # each one's failure is its own: the others still get theirs
+            try:
+                conn.flush_held()
+            except Exception:  # noqa: BLE001 - logged; a connection closes itself on failure
+                log.exception("writing held replies failed")
 
 
 def holding(conn: Holder) -> bool:

@@ -9,7 +9,7 @@ a parameter took effect that did not.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from protocol.errors import BadRequest
@@ -36,7 +36,6 @@ class Call:
     respond: Respond
     model: str | None = None
     timeout_ms: float | None = None
-    headers: dict[str, str] = field(default_factory=dict)
 
 
 def body_map(body: Any, what: str) -> Mapping[str, Any]:

@@ -89,12 +89,17 @@ def embed_call(body: Any, limit: int) -> Call:
         raise BadRequest("'normalize': false is not supported: this server's embeddings are "
                          "always L2-normalised")
     optional(fields, "truncate", bool, "a boolean")  # texts are always cut to the model's length
-    if optional(fields, "truncation_direction", str, "a string") not in (None, "right", "Right"):
-        raise BadRequest("'truncation_direction' must be 'right': texts are cut at their end")
+    _right_only(fields)
     texts, _ = take_texts(fields.get("inputs"), "inputs", limit)
     model, timeout_ms = common(fields)
     return Call(op="embed", requests=[{"texts": texts}], respond=_vectors, model=model,
                 timeout_ms=timeout_ms)
+
+
+def _right_only(fields: Mapping[str, Any]) -> None:
+    """Texts are always cut to the model's length at their end."""
+    if optional(fields, "truncation_direction", str, "a string") not in (None, "right", "Right"):
+        raise BadRequest("'truncation_direction' must be 'right': texts are cut at their end")
 
 
 def _vectors(results: Sequence[dict[str, Any]]) -> Any:
@@ -107,7 +112,8 @@ def classify_call(body: Any, limit: int, *, tei: bool) -> Call:
     several a list per input); else the Inference API's (``{"inputs", "parameters":
     {"top_k", "function_to_apply"}}``, answered a list per input). Labels come highest first."""
     fields = body_map(body, "text classification")
-    known = ("inputs", "raw_scores", "truncate") if tei else ("inputs", "parameters")
+    known = ("inputs", "raw_scores", "truncate", "truncation_direction") if tei \
+        else ("inputs", "parameters")
     refuse_unknown(fields, (*known, *_OURS), "text classification")
     top_k = None
     if tei:
@@ -115,6 +121,7 @@ def classify_call(body: Any, limit: int, *, tei: bool) -> Call:
             raise BadRequest("'raw_scores': true is not supported: scores are softmax "
                              "probabilities")
         optional(fields, "truncate", bool, "a boolean")
+        _right_only(fields)
     else:
         parameters = optional(fields, "parameters", Mapping, "an object") or {}
         refuse_unknown(parameters, ("top_k", "function_to_apply"), "parameters")

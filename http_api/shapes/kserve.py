@@ -51,6 +51,8 @@ def infer_call(name: str, op: str, body: Any, limit: int) -> Call:
     parameters = optional(fields, "parameters", Mapping, "an object") or {}
     refuse_unknown(parameters, PARAMETERS, "infer parameters")
     timeout_us = optional(parameters, "timeout", (int, float), "microseconds")
+    if timeout_us is not None and timeout_us < 0:
+        raise BadRequest("parameter 'timeout' must be microseconds, 0 or more (0: none)")
     names, outputs = TENSORS[op]
     columns = _inputs(fields.get("inputs"), names, limit)
     wanted = _requested(fields.get("outputs"), [o[0] for o in outputs])
@@ -69,7 +71,7 @@ def infer_call(name: str, op: str, body: Any, limit: int) -> Call:
         return reply
 
     return Call(op=op, requests=requests, respond=respond, model=name,
-                timeout_ms=None if timeout_us is None else max(timeout_us / 1000, 0.001))
+                timeout_ms=timeout_us / 1000 if timeout_us else None)  # 0: none, as Triton
 
 
 def _inputs(value: Any, names: Sequence[str], limit: int) -> dict[str, list[str]]:

@@ -1,6 +1,6 @@
 """HTTP against TCP, in one run, in interleaved rounds (docs/benchmarks.md, "The HTTP API").
 
-    python bench/http.py --rounds 5 --json http.json
+    python bench/http_vs_tcp.py --rounds 5 --json http.json
 
 (1) A real model (``--model_dir``, default saved_models/qa): requests/s at ``--clients``
     clients and p50 at 1 client, over TCP and over HTTP (``POST /ops/qa``: the same request
