@@ -6,7 +6,8 @@
     clients and p50 at 1 client, over TCP and over HTTP (``POST /ops/qa``: the same request
     and result), on one server process, each round in alternating order.
 (2) The front end alone: a zero-engine server (random answers, no model run); the CPU seconds
-    of the server's process per answered request over TCP and over HTTP, read from /proc. With
+    of the server's process per answered request over TCP and over HTTP, read from /proc, and
+    p50 at 1 client (what each transport adds to a request's latency). With
     ``--loops``, more zero-engine servers whose HTTP API runs on another event loop
     (``QA_HTTP_LOOP``, e.g. asyncio against the default uvloop).
 (3) Start-up: the default repository (``--repository``) with HTTP and with ``--http_port -1``,
@@ -112,6 +113,8 @@ def zero_rounds(args: argparse.Namespace, mix: list[Any]) -> dict[str, Any]:
                 key = "tcp" if via == "tcp" else f"http_{loop}"
                 figures.setdefault(f"{key}_cpu_ms", []).append(1000 * used / result["ok"])
                 figures.setdefault(f"{key}_rps", []).append(result["throughput_rps"])
+                one = load(port, http if via == "http" else None, 1, args.requests_one, mix)
+                figures.setdefault(f"{key}_p50_1_ms", []).append(one["p50_ms"])
             print(f"  round {n + 1}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in
                                                   figures.items() if "cpu" in k), flush=True)
     finally:
@@ -120,6 +123,8 @@ def zero_rounds(args: argparse.Namespace, mix: list[Any]) -> dict[str, Any]:
     for loop in loops:
         out[f"http_{loop}_over_tcp_cpu"] = summary(
             [h / t for h, t in zip(figures[f"http_{loop}_cpu_ms"], figures["tcp_cpu_ms"])])
+        out[f"http_{loop}_minus_tcp_p50_1_ms"] = summary(
+            [h - t for h, t in zip(figures[f"http_{loop}_p50_1_ms"], figures["tcp_p50_1_ms"])])
     out["raw"] = figures
     return out
 
@@ -176,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--requests", type=int, default=192, help="per run at --clients")
-    parser.add_argument("--requests_one", type=int, default=40, help="per run at 1 client")
+    parser.add_argument("--requests_one", type=int, default=200, help="per run at 1 client")
     parser.add_argument("--zero_clients", type=int, default=8)
     parser.add_argument("--zero_requests", type=int, default=2000)
     parser.add_argument("--loops", default="asyncio", help="other event loops for (2)")

@@ -12,6 +12,7 @@ connection (``Config(http=...)``).
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Awaitable, Callable, Sized
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        _no_delay(transport)
         self.flow = PipelineFlow(transport, self.pipeline)
         limits, idle_s = self._limits, self._limits.idle_timeout_s
         if len(self.connections) > limits.max_connections:  # answered at its first request
@@ -144,6 +146,15 @@ class GuardedProtocol(HttpToolsProtocol):
         if self.cycle is None or self.cycle.response_complete:
             self.transport.write(raw_response(error))
         self.transport.close()
+
+
+def _no_delay(transport: asyncio.Transport) -> None:
+    """TCP_NODELAY, as TCP's connections have it: a reply's head and body are two writes.
+    uvloop sets it itself; asyncio's own loop only on sockets made with IPPROTO_TCP, which our
+    bound socket (transport.bind_socket) is not, and so waited for delayed ACKs (40 ms)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class HeadTooLarge(ServerError):
