@@ -13,7 +13,6 @@ the typed exceptions of ``protocol.errors``. ``clients.aio.AsyncClient`` is the 
 from __future__ import annotations
 
 import itertools
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,7 +20,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout  # the builtin from 3.11
 from typing import Any
 
-from clients.common import ConnectionLost, Result
+from clients.common import ConnectionLost, Result, shut
 from clients.common import text_list as _text_list
 from clients.endpoint import SendTimeout, describe, open_socket, send_by
 from protocol import (
@@ -329,11 +328,7 @@ class Client:
 
     def _shut(self) -> None:
         """Shut both directions (the reader thread wakes, the server sees the end) and close."""
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
+        shut(self._sock)
 
     def __enter__(self) -> Client:
         return self

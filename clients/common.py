@@ -6,6 +6,7 @@ Only the standard library and :mod:`protocol` are imported here, so every client
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,3 +33,13 @@ def deadline_ms(timeout: float | None) -> float | None:
     """The ``timeout_ms`` a request carries when its caller waits ``timeout`` seconds, so the
     server does not run a request nobody waits for any more (None: the server's default)."""
     return None if timeout is None else 1000 * timeout
+
+
+def shut(sock: Any) -> None:
+    """Shut both directions of a client's socket (its reader thread wakes, the server sees the
+    end) and close it."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()

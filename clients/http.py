@@ -19,7 +19,6 @@ error's ``{"error", "error_type"}`` is raised as the typed ``ServerError`` of
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from collections import deque
 from collections.abc import Mapping
@@ -29,7 +28,7 @@ from urllib.parse import urlsplit
 
 import h11
 
-from clients.common import ConnectionLost, Result
+from clients.common import ConnectionLost, Result, shut
 from clients.endpoint import ByteStream, open_socket
 from protocol.errors import ServerError, error_for_code
 
@@ -243,11 +242,8 @@ class HttpClient:
         self._fail(ConnectionLost("client closed"))
 
     def _shut(self) -> None:
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
+        """Shut both directions (the reader thread wakes, the server sees the end) and close."""
+        shut(self._sock)
 
     def __enter__(self) -> HttpClient:
         return self

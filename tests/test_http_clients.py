@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ import pytest
 from clients.blocking import Client
 from server import InferenceServer, ServerConfig
 from tests.helpers import CONTEXTS, QUESTIONS
-from tests.text_models import TINY_LABELS, build_tiny_classify_dir, build_tiny_embed_dir
+from tests.text_models import TINY_LABELS, build_tiny_repository
 
 TEXTS = [CONTEXTS[0], QUESTIONS[1], CONTEXTS[3]]
 ONE_TEXT = "one text"
@@ -30,10 +29,8 @@ TIMEOUT = 30
 def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[InferenceServer]:
     """One server of a repository of three tiny real models: qa, embed and classify."""
-    repository = tmp_path_factory.mktemp("http_clients_repository")
-    shutil.copytree(tiny_model_dir, repository / "qa")
-    build_tiny_embed_dir(repository / "embed")
-    build_tiny_classify_dir(repository / "classify")
+    repository = build_tiny_repository(tmp_path_factory.mktemp("http_clients_repository"),
+                                       tiny_model_dir)
     config = ServerConfig(host="127.0.0.1", port=0, model_dir=str(repository),
                           num_inference_sessions=1, threads_per_session=1)
     with InferenceServer(config) as srv:

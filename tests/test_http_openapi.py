@@ -7,7 +7,6 @@ its schema; and the server still answers a good request afterwards."""
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +25,7 @@ from schemathesis.specs.openapi.checks import (content_type_conformance,
 from http_api.routes import route_table
 from server import InferenceServer, ServerConfig
 from tests.http_helpers import QA_BODY, request
-from tests.text_models import build_tiny_classify_dir, build_tiny_embed_dir
+from tests.text_models import build_tiny_repository
 
 #: Each operation's fuzzed examples (positive and negative): enough to find a crash or an
 #: undocumented answer, few enough that the file stays well under a minute on two busy cores.
@@ -85,10 +84,8 @@ CHECKS = [no_server_error, *CONFORMANCE]
 def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[InferenceServer]:
     """A server of three tiny real models, with small limits so fuzzed bodies stay cheap."""
-    repository = tmp_path_factory.mktemp("http_openapi_repository")
-    shutil.copytree(tiny_model_dir, repository / "qa")
-    build_tiny_embed_dir(repository / "embed")
-    build_tiny_classify_dir(repository / "classify")
+    repository = build_tiny_repository(tmp_path_factory.mktemp("http_openapi_repository"),
+                                       tiny_model_dir)
     config = ServerConfig(host="127.0.0.1", port=0, model_dir=str(repository),
                           num_inference_sessions=1, threads_per_session=1, max_batch_size=4,
                           max_texts=4, max_question_chars=200, max_context_chars=2000,

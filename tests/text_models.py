@@ -52,3 +52,14 @@ def build_tiny_classify_dir(out_dir: Path, *, seed: int = 0) -> Path:
                      source="built in tests", task="classify", meaningful=False,
                      warning="random weights")
     return out_dir
+
+
+def build_tiny_repository(out_dir: Path, qa_model_dir: Path) -> Path:
+    """A model repository of three tiny real models: ``qa`` (a copy of ``qa_model_dir``),
+    ``embed`` and ``classify``."""
+    import shutil
+
+    shutil.copytree(qa_model_dir, out_dir / "qa")
+    build_tiny_embed_dir(out_dir / "embed")
+    build_tiny_classify_dir(out_dir / "classify")
+    return out_dir
