@@ -12,6 +12,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -45,13 +46,14 @@ def http_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip("no curl on this machine (.ci/run installs it)")
     repo = tmp_path_factory.mktemp("curl_repo")
     saved = ROOT / "saved_models"
-    if all((saved / name / "serving.json").is_file() for name in ("qa", "embed")):
-        for name in ("qa", "embed"):
-            (repo / name).symlink_to(saved / name)
-    else:  # the README's set-up, offline
-        done = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), str(ROOT / "prepare_model.py"),
-                               "--model_dir", str(repo)], capture_output=True, text=True)
+    if not all((saved / name / "serving.json").is_file() for name in ("qa", "embed")):
+        prepared = tmp_path_factory.mktemp("curl_prepared")  # the README's set-up, offline
+        done = subprocess.run([sys.executable, str(ROOT / "prepare_model.py")], cwd=prepared,
+                              capture_output=True, text=True)
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        saved = prepared / "saved_models"
+    for name in ("qa", "embed"):
+        (repo / name).symlink_to(saved / name)
     build_tiny_classify_dir(repo / "classify")
     config = ServerConfig(model_dir=str(repo), port=0, num_inference_sessions=1,
                           max_batch_size=4)

@@ -242,8 +242,8 @@ def test_tls_usage_errors_exit_2(certs: Path, tmp_path: Path) -> None:
              f"--tls_key: cannot read {tmp_path / 'none.key'}"),
             (["--tls_cert", cert, "--tls_key", str(certs / "client.key")], "cannot use them"),
             (["--tls_client_ca", str(certs / "ca.crt")], "--tls_client_ca needs --tls_cert"),
-            (["--tls_cert", cert, "--tls_key", key, "--port", "-1", "--unix_socket",
-              "/tmp/x.sock"], "never uses TLS")):
+            (["--tls_cert", cert, "--tls_key", key, "--port", "-1", "--http_port", "-1",
+              "--unix_socket", "/tmp/x.sock"], "never uses TLS")):
         done = subprocess.run([sys.executable, "server.py", *args], cwd=ROOT,
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
