@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
@@ -21,8 +20,9 @@ from dispatch.auth import Authenticator
 from dispatch.handler import RequestHandler
 from dispatch.models import ModelSet
 from http_api.body import ClientGone, check_content_type, parse_json, read_body
-from http_api.errors import HttpError, error_headers, error_json, status_of
+from http_api.errors import HttpError
 from http_api.exchange import Delivery, Exchange, Intake, Reply
+from http_api.routing import Request, Response, Route, error_response
 from http_api.shapes import Call
 from protocol.errors import BadRequest, InternalError, ServerError, Unauthorized, Unavailable
 from protocol.fields import MAX_TIMEOUT_MS
@@ -51,38 +51,8 @@ class ServingState(Protocol):
     def collect_stats(self) -> tuple[dict[str, Any], ServerStats, dict[str, ServerStats]]: ...
 
 
-@dataclass
-class Request:
-    """One HTTP request, as a route sees it (``body_read``: its body was read whole)."""
-
-    method: str
-    path: str
-    headers: dict[str, str]
-    params: dict[str, str]
-    receive: Callable[[], Awaitable[dict[str, Any]]]
-    peer: str
-    body_read: bool = False
-
-
-@dataclass
-class Response:
-    """A route's answer: a status, a body (bytes as they are; anything else as JSON), headers."""
-
-    body: Any
-    status: int = 200
-    headers: dict[str, str] = field(default_factory=dict)
-    content_type: str = "application/json"
-
-
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-@dataclass(frozen=True)
-class Route:
-    """A path's handlers by method; ``open``: served without a token (the probes)."""
-
-    handlers: dict[str, Handler]
-    open: bool = False
+RouteTable = Callable[["HttpApp"], tuple[dict[str, Route], list[tuple[str, str, Route]]]]
+"""Makes an app's exact paths and patterns (``PREFIX{name}SUFFIX``), with their routes."""
 
 
 class HttpApp:
@@ -91,16 +61,15 @@ class HttpApp:
     Args:
         state: The server served.
         intake: The threads that hand requests to dispatch/.
+        routes: Makes the route table for this app (http_api/routes.py's ``route_table``).
     """
 
-    def __init__(self, state: ServingState, intake: Intake) -> None:
-        from http_api.routes import route_table  # the routes use this module's types
-
+    def __init__(self, state: ServingState, intake: Intake, routes: RouteTable) -> None:
         self.state = state
         self.intake = intake
         self.limit = state.config.http_payload_limit
         self.delivery: Delivery | None = None  # made on the loop's first request
-        self.exact, self.patterns = route_table(self)
+        self.exact, self.patterns = routes(self)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -249,12 +218,6 @@ def _unread(request: Request) -> dict[str, str] | None:
 
 def _unauthorized() -> ServerError:
     return Unauthorized("a valid token is required: Authorization: Bearer TOKEN")
-
-
-def error_response(error: ServerError, headers: dict[str, str] | None = None) -> Response:
-    """The reply of a typed error."""
-    return Response(error_json(error), status_of(error), {**error_headers(error),
-                                                          **(headers or {})})
 
 
 def _encoded(body: Any) -> bytes:

@@ -7,7 +7,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from http_api.app import Request, Response, Route
+from http_api.routing import Request, Response, Route
 from http_api.errors import HttpError
 from http_api.shapes import hf, kserve, native, openai
 from protocol.errors import BadRequest, Unavailable

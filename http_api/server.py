@@ -22,8 +22,9 @@ from typing import Any
 import uvicorn
 
 from http_api.app import HttpApp, ServingState
-from http_api.exchange import Delivery, Intake
+from http_api.exchange import Intake
 from http_api.guard import ConnectionLimits, GuardedProtocol
+from http_api.routes import route_table
 
 log = logging.getLogger("server.http")
 
@@ -108,7 +109,7 @@ class HttpFrontEnd:
         self.scheme = "https" if tls is not None else "http"
         cfg = state.config
         self.intake = Intake(state.handler, INTAKE_THREADS, purge=state.models.purge_gone)
-        self.app = HttpApp(state, self.intake)
+        self.app = HttpApp(state, self.intake, route_table)
         limits = ConnectionLimits(cfg.max_connections, cfg.idle_timeout_s, cfg.frame_timeout_s,
                                   state.stats)
         config = uvicorn.Config(self.app, http=functools.partial(GuardedProtocol, limits=limits),

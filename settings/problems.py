@@ -10,8 +10,9 @@ if TYPE_CHECKING:
     from settings.server_config import ServerConfig
 
 
-def config_problems(config: ServerConfig) -> list[str]:
-    """What is wrong with these settings (empty when they can serve)."""
+def config_problems(config: ServerConfig, flags: dict[str, str]) -> list[str]:
+    """What is wrong with these settings (empty when they can serve); ``flags``: each
+    setting's flag, by name (``setting_flags()``)."""
     at_least_one = ("num_inference_sessions", "workers", "max_batch_size", "batch_lookahead",
                     "max_queue", "max_connections", "max_frame_size")
     never_negative = ("claim_idle_ms", "sim_scale", "sim_launch_ms", "threads_per_session",
@@ -20,9 +21,6 @@ def config_problems(config: ServerConfig) -> list[str]:
                       "frame_timeout_s", "auth_timeout_s",
                       "max_question_chars", "max_context_chars", "max_texts",
                       "shutdown_timeout_s")
-    from settings.server_config import setting_flags
-
-    flags = setting_flags()
     return ([f"{flags[name]} must be at least 1" for name in at_least_one
              if getattr(config, name) < 1]
             + [f"{flags[name]} must not be negative" for name in never_negative

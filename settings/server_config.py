@@ -20,6 +20,7 @@ from protocol.limits import FieldLimits
 from settings.choices import OWNED, Owned, SettingRegistry
 from settings.cli import HelpFormatter
 from settings.config_file import CONFIG_FLAG, ConfigFileError, with_config_file
+from settings.problems import config_problems
 
 
 #: The HTTP API's port unless --http_port says else (Triton's and vLLM's too).
@@ -236,9 +237,7 @@ class ServerConfig:
 
     def problems(self) -> list[str]:
         """What is wrong with these settings (empty when they can serve)."""
-        from settings.problems import config_problems
-
-        return config_problems(self)
+        return config_problems(self, setting_flags())
 
     def http_address(self) -> tuple[str, int] | None:
         """Where the HTTP API listens: (host, port), port 0 for any free one; None: no HTTP
