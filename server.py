@@ -132,10 +132,10 @@ class InferenceServer:
             self._publish_address(False)  # a file left by an earlier run must not say "up"
             if cfg.metrics_port is not None:  # a port too: fail early; scrapes show the loading
                 self._start_metrics(cfg.metrics_host, cfg.metrics_port)
-            if cfg.http_address() is not None:  # before loading: probes say "loading"
+            if (http := cfg.http_address()) is not None:  # before loading: probes say so
                 from http_api.server import start_http  # uvicorn only where HTTP is served
 
-                self._http = start_http(self, self._tls)
+                self._http = start_http(self, self._tls, http)
             self._load(cancel)
             raise_if_cancelled(cancel)  # the last chance: from here on, a stop drains
             self._listener.start()

@@ -25,7 +25,7 @@ from http_api.exchange import Delivery, Exchange, Intake, Reply
 from http_api.routing import Request, Response, Route, error_response
 from http_api.shapes import Call
 from protocol.errors import BadRequest, InternalError, ServerError, Unauthorized, Unavailable
-from protocol.fields import MAX_TIMEOUT_MS
+from protocol.fields import MAX_TIMEOUT_MS, is_timeout
 from settings.server_config import ServerConfig
 from telemetry.stats import ServerStats
 
@@ -153,12 +153,17 @@ class HttpApp:
         request.body_read = True
         return parse_json(body)
 
-    async def run(self, request: Request, call: Call) -> Response:
-        """Run ``call``'s wire requests through dispatch/ and answer with its reply's body, or
-        the first request's error."""
+    def check_serving(self) -> None:
+        """Raise ``unavailable`` until the server serves: while its models load, no model
+        route can answer (and the model set may not be read yet)."""
         if not self.state.serving:
             raise Unavailable("the server is starting: its models are loading (GET "
                               "/health/ready says when it is ready)")
+
+    async def run(self, request: Request, call: Call) -> Response:
+        """Run ``call``'s wire requests through dispatch/ and answer with its reply's body, or
+        the first request's error."""
+        self.check_serving()
         timeout_ms = call.timeout_ms if call.timeout_ms is not None else \
             _header_timeout(request.headers)
         messages = [{**fields, "id": i, "op": call.op, "model": call.model,
@@ -204,7 +209,7 @@ def _header_timeout(headers: dict[str, str]) -> float | None:
         timeout = float(value)
     except ValueError:
         timeout = -1.0
-    if not 0 < timeout <= MAX_TIMEOUT_MS:
+    if not is_timeout(timeout):  # the wire's own check of timeout_ms
         raise BadRequest(f"header X-Timeout-Ms must be a positive number of milliseconds up "
                          f"to {MAX_TIMEOUT_MS}, got {value[:32]!r}")
     return timeout

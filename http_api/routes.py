@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from http_api.routing import Request, Response, Route
 from http_api.errors import HttpError
-from http_api.shapes import hf, kserve, native, openai
-from protocol.errors import BadRequest, Unavailable
+from http_api.shapes import Call, hf, kserve, native, openai
+from protocol.errors import BadRequest
 
 if TYPE_CHECKING:
     from http_api.app import HttpApp
@@ -128,9 +130,7 @@ class Routes:
     async def v2_model(self, request: Request) -> Response:
         """KServe's model metadata: its inputs and outputs as tensors."""
         model = self._model(request.params["name"])
-        if model.op not in kserve.TENSORS:
-            raise BadRequest(f"model {model.name!r} serves {model.op!r} requests, which have "
-                             f"no tensor form here; use POST /ops/{model.op}")
+        kserve.check_tensor_form(model.name, model.op)
         platform = {"onnx": "onnxruntime_onnx", "pytorch": "pytorch_libtorch"}.get(
             self.state.config.inference_engine_type, self.state.config.inference_engine_type)
         return Response(kserve.metadata(model.name, model.op, platform, model.info.labels))
@@ -138,23 +138,24 @@ class Routes:
     # -- the models --------------------------------------------------------------------------
     async def qa(self, request: Request) -> Response:
         """``POST /qa``: the Hugging Face question-answering shape."""
-        return await self.app.run(request, hf.qa_call(await self.app.json_body(request),
-                                                      self._max_inputs()))
+        return await self._shaped(request, hf.qa_call)
 
     async def embed(self, request: Request) -> Response:
         """``POST /embed``: text-embeddings-inference's embeddings."""
-        return await self.app.run(request, hf.embed_call(await self.app.json_body(request),
-                                                         self._max_inputs()))
+        return await self._shaped(request, hf.embed_call)
 
     async def predict(self, request: Request) -> Response:
         """``POST /predict``: text-embeddings-inference's classification."""
-        return await self.app.run(request, hf.classify_call(
-            await self.app.json_body(request), self._max_inputs(), tei=True))
+        return await self._shaped(request, partial(hf.classify_call, tei=True))
 
     async def embeddings(self, request: Request) -> Response:
         """``POST /v1/embeddings``: OpenAI's embeddings."""
-        return await self.app.run(request, openai.embeddings_call(
-            await self.app.json_body(request), self._max_inputs()))
+        return await self._shaped(request, openai.embeddings_call)
+
+    async def _shaped(self, request: Request, shape: Callable[[Any, int], Call]) -> Response:
+        """Run the call ``shape`` makes of the body, with ``--max_texts`` inputs at most."""
+        return await self.app.run(request, shape(await self.app.json_body(request),
+                                                 self._max_inputs()))
 
     async def root(self, request: Request) -> Response:
         """``POST /``: the Hugging Face shapes, told apart by the body (hf.task_of_body)."""
@@ -184,8 +185,7 @@ class Routes:
     async def op(self, request: Request) -> Response:
         """``POST /ops/{op}``: the TCP op's own fields and result, for any served op."""
         op = request.params["name"]
-        if not self.state.serving:
-            raise Unavailable("the server is starting: its models are loading")
+        self.app.check_serving()
         if op not in {m.op for m in self.state.models}:
             raise HttpError("not_found", f"no model here serves {op!r} requests (served: "
                             f"{', '.join(sorted({m.op for m in self.state.models}))})")
@@ -203,8 +203,7 @@ class Routes:
 
     def _model(self, name: str) -> Any:
         """The served model of a path, or 404 (503 while the models are still read)."""
-        if not self.state.serving:
-            raise Unavailable("the server is starting: its models are loading")
+        self.app.check_serving()
         model = self.state.models.models.get(name)
         if model is None:
             raise HttpError("not_found", f"unknown model {name[:64]!r} (served: "

@@ -171,17 +171,15 @@ class HttpFrontEnd:
         return {"url": self.url, "connections": len(self._server.server_state.connections)}
 
 
-def start_http(state: ServingState, tls: ssl.SSLContext | None) -> HttpFrontEnd | None:
-    """Bind and start the HTTP API the settings ask for (None: ``--http_port -1``).
+def start_http(state: ServingState, tls: ssl.SSLContext | None,
+               address: tuple[str, int]) -> HttpFrontEnd:
+    """Bind and start the HTTP API at ``address`` (``ServerConfig.http_address``).
 
     Raises:
         BindError: its address cannot be bound.
     """
     from transport import BindError, bind_socket
 
-    address = state.config.http_address()
-    if address is None:
-        return None
     try:
         sock = bind_socket(*address)
     except BindError as exc:

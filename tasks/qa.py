@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from protocol.errors import BadRequest
-from tasks.qa_answers import best_answer, ranked_answers
+from protocol.qa_options import QAOptions
+from tasks.qa_answers import ranked_answers
 from tasks.qa_features import QAFeatures, build_features
 from tasks.qa_tokenizer import QATokenizer
 from tasks.qa_windows import ContextWindows, check_question_room, windows_due
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_INPUT_NAMES", "QAConfig", "QAFeatures", "QATask", "QATokenizer"]
 
+#: A request's answering options where it gives none: every one the task's setting.
+NO_OPTIONS = QAOptions()
 #: Every engine input the task can produce (and, by default, does).
 DEFAULT_INPUT_NAMES: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -271,12 +274,7 @@ class QATask:
         """
         start_logits, end_logits = np.asarray(start_logits), np.asarray(end_logits)
         _check_logits(features, start_logits, end_logits)
-        config, options = self.config, features.options
-        if options is None:
-            return best_answer(features, start_logits, end_logits,
-                               max_answer_len=config.max_answer_len,
-                               align_to_words=config.align_to_words,
-                               impossible=config.handle_impossible_answer)
+        config, options = self.config, features.options or NO_OPTIONS
         answers = ranked_answers(
             features, start_logits, end_logits, top_k=options.top_k,
             max_answer_len=_given(options.max_answer_len, config.max_answer_len),

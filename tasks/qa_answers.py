@@ -61,13 +61,6 @@ def numpy_search_reason() -> str | None:
     return _numpy_reason
 
 
-def best_answer(features: QAFeatures, start_logits: np.ndarray, end_logits: np.ndarray, *,
-                max_answer_len: int, align_to_words: bool, impossible: bool) -> dict[str, Any]:
-    """The best answer over all windows of one request (logits ``[rows, >= max_len]``)."""
-    return ranked_answers(features, start_logits, end_logits, max_answer_len=max_answer_len,
-                          align_to_words=align_to_words, impossible=impossible)[0]
-
-
 def ranked_answers(features: QAFeatures, start_logits: np.ndarray, end_logits: np.ndarray, *,
                    max_answer_len: int, align_to_words: bool, impossible: bool,
                    top_k: int = TOP_K) -> list[dict[str, Any]]:

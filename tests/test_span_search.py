@@ -30,7 +30,7 @@ needs_c = pytest.mark.skipif(top_cells is None, reason="the C span search is not
 
 def probabilities(rng: np.random.Generator, n: int) -> np.ndarray:
     """One window's probabilities, from flat to peaked, sometimes rounded (ties) or with masked
-    (zero) tokens, CLS zeroed as best_answer does."""
+    (zero) tokens, CLS zeroed as ranked_answers does."""
     values = rng.random(n, dtype=np.float32) ** np.float32(rng.uniform(1, 30))
     if rng.random() < 0.3:
         values = np.round(values, int(rng.integers(1, 4))).astype(np.float32)
@@ -60,7 +60,7 @@ def test_c_and_numpy_pick_the_same_spans_on_random_windows() -> None:
     declined = 0
     for _ in range(1500):
         n, width = int(rng.integers(1, 385)), int(rng.integers(1, 31))
-        top_k = int(rng.choice([2, 3, 5, 12, 12, 20]))  # 12: what best_answer asks for
+        top_k = int(rng.choice([2, 3, 5, 12, 12, 20]))  # 12: what ranked_answers asks for (top_k 1)
         start, end = probabilities(rng, n), probabilities(rng, n)
         expected = numpy_top_spans(start, end, top_k, width)
         found = top_cells(start, end, top_k, min(width, n))

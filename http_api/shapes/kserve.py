@@ -41,11 +41,20 @@ def metadata(name: str, op: str, platform: str, labels: Sequence[str] | None) ->
     return out
 
 
-def infer_call(name: str, op: str, body: Any, limit: int) -> Call:
-    """One wire request per element of the batch."""
+def check_tensor_form(name: str, op: str) -> None:
+    """Refuse a model whose task has no tensor form here (a plug-in's).
+
+    Raises:
+        BadRequest: naming the route that serves it.
+    """
     if op not in TENSORS:
         raise BadRequest(f"model {name!r} serves {op!r} requests, which have no tensor form "
                          f"here; use POST /ops/{op}")
+
+
+def infer_call(name: str, op: str, body: Any, limit: int) -> Call:
+    """One wire request per element of the batch."""
+    check_tensor_form(name, op)
     fields = body_map(body, "infer")
     refuse_unknown(fields, ("id", "inputs", "outputs", "parameters"), "infer")
     parameters = optional(fields, "parameters", Mapping, "an object") or {}
