@@ -29,6 +29,8 @@ from telemetry.stats import ServerStats
 MAX_HEAD_BYTES = 64 * 1024
 #: Most requests waiting behind the one being answered on one connection.
 MAX_PIPELINED = 16
+#: Seconds a connection that got a fatal reply waits for its client to close before it closes.
+LINGER_S = 5.0
 #: Seconds a connection over the cap is kept for its one 429 reply.
 REFUSED_LINGER_S = 5.0
 
@@ -52,6 +54,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._head_done = True
         self._head_bytes = 0
+        self._lingering = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -69,7 +72,9 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         """uvicorn's, with its refusals as JSON: a head over ``MAX_HEAD_BYTES`` is 431, bytes
-        that are not HTTP 400 ``protocol_error``; either closes the connection."""
+        that are not HTTP 400 ``protocol_error``; either ends the connection (``_linger``)."""
+        if self._lingering:  # after a fatal reply: read and dropped
+            return
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
@@ -145,7 +150,20 @@ class GuardedProtocol(HttpToolsProtocol):
         is still unanswered (its reply is owed first, and would be taken for this one's)."""
         if self.cycle is None or self.cycle.response_complete:
             self.transport.write(raw_response(error))
-        self.transport.close()
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close as a TCP connection does after a fatal reply (transport/closing.py): a FIN
+        behind the reply, whatever the client still sends read and dropped, and the close
+        once the client closes its side or ``LINGER_S`` has passed. Closing at once would
+        reset the connection at the client's next bytes, which can destroy the reply."""
+        self._lingering = True
+        self._disarm()
+        if not self.transport.can_write_eof():  # TLS: no half-close
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self._arm(LINGER_S, self.transport.close)
 
 
 def _no_delay(transport: asyncio.Transport) -> None:
