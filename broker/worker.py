@@ -48,13 +48,16 @@ from broker.urls import redact
 from broker.wire import FIELD, BadWork, Work, decode_work, encode_answer, encode_error
 from engines.base import Engine
 from engines.model_dir import ModelInfo, model_fingerprint
+from engines.sharing import SharedEngines
 from protocol.errors import InternalError, ServerError, WorkerLost
+from scheduling.idle import IdleRelease
 from scheduling.planner import worth_batching
 from scheduling.pool import SessionPool
 from scheduling.queue import DeadlineReaper, WorkItem, WorkQueue
 from scheduling.waits import StartCancelled, backoff_s
 from settings.server_config import ServerConfig
 from tasks.qa import padded_lengths
+from telemetry.memory import trim_heap
 from telemetry.stats import ServerStats
 from workers.local import (
     batch_policy,
@@ -95,8 +98,9 @@ class RedisWorker:
         self.window = config.worker_window()
         self.queue = WorkQueue(self.window)
         self.policy = batch_policy(config)
-        self.engine_factory = engine_factory or default_engine_factory(config, config.device,
-                                                                      self.queue)
+        self.engines = SharedEngines(engine_factory or default_engine_factory(config,
+                                                                              config.device))
+        self._idle = IdleRelease(self.queue, self._release_memory)
         self.client = connect(config.broker)
         self._reader = connect(config.broker, block_s=BLOCK_S)
         self.outbox = ReplyOutbox(self.client, self.keys, self._settled,
@@ -135,7 +139,7 @@ class RedisWorker:
         longest = min(self.config.max_seq_len, self.info.max_seq_len)
         task = FeedsTask(self.info.input_names, self.info.output_names, self.info.task,
                          self._room_changed)
-        self.pool = session_pool(self.config, self.engine_factory, task, self.queue, self.policy,
+        self.pool = session_pool(self.config, self.engines, task, self.queue, self.policy,
                                  self.stats, padded_lengths(self.config.bucket_lengths(), longest),
                                  longest)
         try:
@@ -144,6 +148,8 @@ class RedisWorker:
             self.queue.close()  # nothing was taken: the sessions end once loaded
             raise
         DeadlineReaper(self.queue).start()
+        self._release_memory()  # what warm-up's largest batch took
+        self._idle.start()
         self.outbox.start()
         for thread in self._threads:
             thread.start()
@@ -387,10 +393,17 @@ class RedisWorker:
         self.queue.close()
         drained = self.pool.join(max(0.0, until - time.monotonic())) if self.pool else True
         self.outbox.close(max(1.0, until - time.monotonic()))
+        self._idle.stop()
         with self._cond:
             drained = drained and self._held == 0 and self.outbox.lost == lost_before
         self._leave(drained)
         return drained
+
+    def _release_memory(self) -> None:
+        """Give back the working memory of past batches (the engines', the C heap's)."""
+        if self.pool is not None:
+            self.pool.release_memory()
+        trim_heap()
 
     def _leave(self, drained: bool) -> None:
         leave(self.client, self.keys, self.name, drained)

@@ -23,7 +23,9 @@ TASK_OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
 class Engine(ABC):
     """A loaded model that runs one batch at a time.
 
-    An engine is owned by one inference-session thread; it need not be thread-safe. Subclasses set
+    An engine is owned by one inference-session thread and need not be thread-safe, unless it
+    says ``shareable``: then every session of a model in one process runs batches on the same
+    engine at once, so the process holds one copy of the weights. Subclasses set
     ``name`` (e.g. ``"onnx"``), ``device`` (e.g. ``"cpu"``, ``"cuda:0"``), ``input_names``,
     ``output_names`` (the model's, as serving.json names them; QA's by default) and ``precision``
     when it runs other than fp32.
@@ -52,6 +54,9 @@ class Engine(ABC):
     device_s: float | None = None
     row_steps: tuple[int, ...] | None = None
     length_steps: tuple[int, ...] | None = None
+    #: ``run`` may be called from several threads at once (and sets no ``device_s``): the
+    #: sessions of one model in one process then share this engine (engines/sharing.py).
+    shareable: bool = False
 
     @abstractmethod
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -78,6 +83,16 @@ class Engine(ABC):
         """The device's busy fraction of late, where the engine knows it (the simulated
         device: every process's runs on it); None: unknown (the default)."""
         return None
+
+    def release_memory(self) -> None:
+        """Give back what the runtime kept of past batches' working memory (called when the
+        model has been idle a moment, while other threads may run batches); the default does
+        nothing."""
+
+    def memory_figures(self) -> dict[str, float]:
+        """Memory the engine knows it holds, in MB (``device_mb``: on its GPU); empty where it
+        knows none (the default)."""
+        return {}
 
     def close(self) -> None:
         """Release the engine's resources; the default does nothing."""

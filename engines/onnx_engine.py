@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +20,7 @@ from engines.onnx_providers import (
     choose_providers,
     names,
     open_session,
+    provider_note,
     provider_report,
     without_tensorrt,
 )
@@ -35,16 +36,12 @@ class OnnxEngine(Engine):
         model_dir: Folder written by prepare_model.py.
         device: "auto" (CUDA if available, else CPU), "cpu", "cuda" or "cuda:N".
         intra_op_threads: Threads inside one operator; 0 lets ONNX Runtime choose (all cores).
+            On the CPU every session of the model shares this engine (``shareable``): its
+            threads are the process's cores, and batches run on them side by side. With more
+            than one, they spin between operators while a batch runs (a sleeping thread's
+            wake-up at every operator cost about 1.5 ms of MiniLM's 18) and stop the moment
+            the batch ends, so they burn nothing between requests (docs/benchmarks.md).
         inter_op_threads: Threads across independent operators.
-        lone_threads: On the CPU, more threads than ``intra_op_threads`` for a batch that has
-            the machine to itself: a second session with that many threads runs a batch
-            whenever ``crowded()`` is false, so a lone request gets every core while a loaded
-            server keeps its cores shared out. The model is held twice. Its threads spin
-            between operators while a batch runs (a sleeping thread's wake-up at every operator
-            cost about 1.5 ms of MiniLM's 18) and stop the moment the batch ends, so they burn
-            nothing between requests (docs/benchmarks.md).
-        crowded: Whether other work competes for the cores now (other sessions running, or
-            requests waiting); default: always, i.e. never the lone session.
         precision: "fp16" runs the folder's ``model_fp16.onnx`` (prepare_model.py --fp16);
             without one, and for "bf16" (no such export), it says so and runs fp32.
         io_binding: Run batches through ``BoundRunner`` (device buffers kept per shape); None:
@@ -59,24 +56,16 @@ class OnnxEngine(Engine):
     name = "onnx"
 
     def __init__(self, model_dir: str | Path, *, device: str = "auto", intra_op_threads: int = 0,
-                 inter_op_threads: int = 1, lone_threads: int = 0,
-                 crowded: Callable[[], bool] | None = None, precision: str = "fp32",
+                 inter_op_threads: int = 1, precision: str = "fp32",
                  io_binding: bool | None = None, cuda_graphs: bool = False,
                  lengths: Sequence[int] = (), max_seq_len: int = 0, max_tokens: int = 0) -> None:
         path, asked = self._open(Path(model_dir), device, precision,
                                  _options(intra_op_threads, inter_op_threads))
-        log.info("%s", provider_report(asked, self.session.get_providers(),
-                                       ort.get_available_providers()))
+        log.debug("%s", provider_report(asked, self.session.get_providers(),
+                                        ort.get_available_providers()))
+        if note := provider_note(asked, self.session.get_providers()):
+            log.warning("onnx engine: %s", note)
         active = CUDA_PROVIDER if CUDA_PROVIDER in self.session.get_providers() else CPU_PROVIDER
-        self.lone_session: ort.InferenceSession | None = None
-        if active == CPU_PROVIDER and lone_threads > intra_op_threads > 0 and crowded is not None:
-            options = _options(lone_threads, inter_op_threads)
-            options.add_session_config_entry("session.intra_op.allow_spinning", "1")
-            options.add_session_config_entry("session.force_spinning_stop", "1")
-            self.lone_session = ort.InferenceSession(str(path), options, providers=[CPU_PROVIDER])
-        self.crowded = crowded or (lambda: True)
-        self.lone_threads = lone_threads if self.lone_session is not None else 0
-        self.lone_runs = 0  # batches run with every core
         self.device = "cuda:" + str(self._cuda_index()) if active == CUDA_PROVIDER else "cpu"
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = tuple(o.name for o in self.session.get_outputs())
@@ -87,6 +76,7 @@ class OnnxEngine(Engine):
             self.binder = BoundRunner(self.session, self.output_names, *where)
         #: On CUDA the GPU runs each batch apart from the host: fill batches (Engine).
         self.device_bound = active == CUDA_PROVIDER
+        self._shrink = _shrink_options(active, self._cuda_index())
         self.graphs: GraphRunner | None = None
         if cuda_graphs:
             info = load_model_info(model_dir)
@@ -94,6 +84,8 @@ class OnnxEngine(Engine):
             shapes = graph_shapes(capture_lengths(lengths, longest), max_tokens)
             if why := self._open_graphs(path, shapes, intra_op_threads, inter_op_threads):
                 log.warning("ONNX engine runs without CUDA graphs: %s", why)
+        #: ``InferenceSession.run`` is thread-safe; device buffers kept per shape are not.
+        self.shareable = self.binder is None and self.graphs is None
 
     def _open_graphs(self, path: Path, shapes: list[tuple[int, int]], intra_op_threads: int,
                      inter_op_threads: int) -> str:
@@ -155,29 +147,36 @@ class OnnxEngine(Engine):
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one batch; see :meth:`Engine.run`."""
         inputs = {name: np.ascontiguousarray(feeds[name], dtype=np.int64) for name in self.input_names}
-        session = self.session
-        if self.lone_session is not None and not self.crowded():
-            session = self.lone_session
-            self.lone_runs += 1
         values = None
-        if self.graphs is not None and session is self.session:
+        if self.graphs is not None:
             values = self.graphs.run(inputs)  # None: no captured shape holds the batch
-        if values is None and self.binder is not None and session is self.session:
+        if values is None and self.binder is not None:
             values = self.binder.run(inputs)
         elif values is None:
-            values = session.run(list(self.output_names), inputs)
+            values = self.session.run(list(self.output_names), inputs)
         outputs = dict(zip(self.output_names, values))
         check_outputs(inputs, outputs)
         return outputs
 
+    def release_memory(self) -> None:
+        """Shrink ONNX Runtime's memory arena to its first chunk: one smallest run whose run
+        options free every arena region no batch holds now (batches running beside it keep
+        theirs). The arena otherwise keeps what its largest batch took (1.2 GB for a 32 x
+        384 MiniLM batch on the CPU, against the weights' 90 MB)."""
+        if self.graphs is not None:
+            return  # CUDA graphs replay fixed buffers: nothing of theirs is freed
+        feeds = {name: np.zeros((1, 2), dtype=np.int64) for name in self.input_names}
+        if "attention_mask" in feeds:
+            feeds["attention_mask"][:] = 1
+        self.session.run(list(self.output_names), feeds, self._shrink)
+
     def describe(self) -> str:
         """Engine, device and thread settings, for logs."""
         threads = self.threads or "auto"
-        lone = f"; {self.lone_threads} for a lone batch" if self.lone_threads else ""
-        lone += "; I/O binding" if self.binder is not None else ""
-        lone += f"; CUDA graphs for {len(self.graphs.shapes)} shapes" if self.graphs else ""
+        more = "; I/O binding" if self.binder is not None else ""
+        more += f"; CUDA graphs for {len(self.graphs.shapes)} shapes" if self.graphs else ""
         return (f"onnxruntime {ort.__version__} on {self.device} ({self.precision}, intra-op "
-                f"threads: {threads}{lone})")
+                f"threads: {threads}{more})")
 
 
 def model_file_for(info: ModelInfo, folder: Path, precision: str) -> tuple[str, str]:
@@ -198,9 +197,22 @@ def model_file_for(info: ModelInfo, folder: Path, precision: str) -> tuple[str, 
 
 
 def _options(intra_op_threads: int, inter_op_threads: int) -> ort.SessionOptions:
+    """Session options: the thread counts, every graph optimisation, quiet logs; with more than
+    one intra-op thread, threads that spin between operators and stop as a run ends."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_threads
     options.inter_op_num_threads = inter_op_threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
+    if intra_op_threads != 1:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+        options.add_session_config_entry("session.force_spinning_stop", "1")
+    return options
+
+
+def _shrink_options(provider: str, cuda_index: int) -> ort.RunOptions:
+    """Run options that shrink the arena of the device the session runs on after the run."""
+    options = ort.RunOptions()
+    arena = f"gpu:{cuda_index}" if provider == CUDA_PROVIDER else "cpu:0"
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", arena)
     return options

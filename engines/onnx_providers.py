@@ -160,5 +160,15 @@ def provider_report(asked: list[Provider], active: list[str], available: list[st
             f"{' -> '.join(map(_short, active))}" + (f" ({'; '.join(reasons)})" if reasons else ""))
 
 
+def provider_note(asked: list[Provider], active: list[str]) -> str:
+    """Which GPU provider asked for is not running, in words; empty where each one asked for
+    runs (a CPU-only run asks for none, so a machine without a GPU hears nothing of them)."""
+    missing = [_short(p) for p in names(asked) if p != CPU_PROVIDER and p not in active]
+    if not missing:
+        return ""
+    return (f"{' and '.join(missing)} asked for but not running (running "
+            f"{' -> '.join(map(_short, active))}; --log_level DEBUG says why)")
+
+
 def _short(provider: str) -> str:
     return provider.removesuffix("ExecutionProvider").replace("Tensorrt", "TensorRT")

@@ -211,6 +211,19 @@ class TorchEngine(Engine):
         if self._clock is not None:
             self._clock.stop()
 
+    def release_memory(self) -> None:
+        """On CUDA, give back the caching allocator's blocks no tensor holds (CUDA graphs'
+        pools stay theirs); on the CPU there is nothing of PyTorch's own to give back."""
+        if self.torch_device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def memory_figures(self) -> dict[str, float]:
+        """On CUDA, what PyTorch's caching allocator holds on the engine's GPU (``device_mb``:
+        the whole process's on that GPU, every engine of it)."""
+        if self.torch_device.type != "cuda":
+            return {}
+        return {"device_mb": round(torch.cuda.memory_reserved(self.torch_device) / 2**20, 1)}
+
     def describe(self) -> str:
         """Engine, device, dtype and graph, for logs."""
         attention = getattr(self._config, "_attn_implementation", None) or "eager"

@@ -81,6 +81,14 @@ class SessionPool:
         with self._lock:
             return next((s.engine for s in self.sessions if s.engine is not None), None)
 
+    def release_memory(self) -> None:
+        """Ask each distinct engine of the sessions to give back its past batches' memory
+        (engines shared by several sessions are asked once)."""
+        with self._lock:
+            engines = {id(s.engine): s.engine for s in self.sessions if s.engine is not None}
+        for engine in engines.values():
+            engine.release_memory()
+
     def _build(self, index: int, initial: bool) -> InferenceSession:
         session = self._make(index, initial)
         session.on_exit = self._on_exit

@@ -97,6 +97,7 @@ class WorkQueue:
         self._closed = False
         self._busy = 0  # sessions running a batch
         self._arrivals: deque[float] = deque(maxlen=64)
+        self._batches_done = 0
 
     def put(self, item: WorkItem) -> None:
         """Admit one item now, or refuse it now.
@@ -165,6 +166,13 @@ class WorkQueue:
         """A session finished the batch it took."""
         with self._lock:
             self._busy -= 1
+            self._batches_done += 1
+
+    def idle_after(self) -> int | None:
+        """Batches finished so far, where nothing is waiting or running now; None while busy
+        (so a watcher can tell an idle moment that follows work from one that follows none)."""
+        with self._lock:
+            return None if self._busy or self._items else self._batches_done
 
     def _plan(self, policy: BatchPolicy) -> list[WorkItem]:
         return plan_batch(self._items, policy)

@@ -58,6 +58,8 @@ class InferenceSession(threading.Thread):
             queue closing: its engine failed to load, or an exception escaped the serving loop.
             ``crash`` then holds that exception.
         model: The served model's name, for the log (None: the log names no model).
+        release_engine: Hands the engine back when the session ends (default: closes it); an
+            engine shared by the model's sessions (engines/sharing.py) closes with its last.
 
     A queue closed while the session loads (a stop asked during start-up) cuts the warm-up
     short: the session then closes its engine and ends without serving.
@@ -68,11 +70,13 @@ class InferenceSession(threading.Thread):
                  stats: ServerStats | None = None,
                  warmup: Sequence[int] = (), prime: Sequence[tuple[int, int]] = (),
                  on_exit: Callable[[InferenceSession], None] | None = None,
-                 model: str | None = None) -> None:
+                 model: str | None = None,
+                 release_engine: Callable[[Engine], None] | None = None) -> None:
         super().__init__(name=f"session-{index}", daemon=True)
         self.index = index
         self.model = model
         self.engine_factory = engine_factory
+        self.release_engine = release_engine or _close
         self.task = task
         self.queue = queue
         self.policy = policy if isinstance(policy, BatchPolicy) else \
@@ -104,20 +108,21 @@ class InferenceSession(threading.Thread):
             self.warm_up(self.engine)
         except BaseException as exc:  # noqa: BLE001 - reported to the server
             self.load_error = exc
+            self._release_quietly()
             self.ready.set()
             if self.on_exit is not None:
                 self.on_exit(self)
             return
         self.ready.set()
         if self.queue.closed_and_empty:  # stopped while it loaded: nothing to serve
-            _close_quietly(self.engine)
+            self._release_quietly()
             return
-        log.info("%s%s: engine loaded and warmed up; serving",
+        log.debug("%s%s: engine loaded and warmed up; serving",
                  "" if self.model is None else f"model {self.model}: ", self.name)
         try:
             self._serve()
         finally:
-            _close_quietly(self.engine)
+            self._release_quietly()
         if self.crash is not None and self.on_exit is not None:
             self.on_exit(self)
 
@@ -157,6 +162,14 @@ class InferenceSession(threading.Thread):
             engine.run(dummy_feeds(engine.input_names, rows, length))
         time_shapes(engine, self.policy, self.warmup_lengths,
                     lambda: self.queue.closed_and_empty)
+
+    def _release_quietly(self) -> None:
+        """Hand the engine back (``release_engine``), logging rather than raising a failure."""
+        try:
+            if self.engine is not None:
+                self.release_engine(self.engine)
+        except Exception:  # noqa: BLE001 - closing a broken engine must not mask why it broke
+            log.exception("closing the engine failed")
 
     def run_batch(self, batch: list[WorkItem]) -> None:
         """Run one batch; every item gets exactly one response, errors scoped to this batch."""
@@ -253,12 +266,8 @@ def batch_cost(engine: Engine, wall_s: float) -> float:
     return wall_s if engine.device_s is None else engine.device_s
 
 
-def _close_quietly(engine: Engine | None) -> None:
-    try:
-        if engine is not None:
-            engine.close()
-    except Exception:  # noqa: BLE001 - closing a broken engine must not mask why it broke
-        log.exception("closing the engine failed")
+def _close(engine: Engine) -> None:
+    engine.close()
 
 
 def dummy_feeds(input_names: Sequence[str], rows: int, length: int) -> dict[str, np.ndarray]:

@@ -11,6 +11,7 @@ import pytest
 from engines import load_engine
 from engines.base import check_outputs
 from engines.model_dir import METADATA_FILE, ModelDirError, load_model_info
+from scheduling.session import dummy_feeds
 from preparation.export import sample_feeds
 
 
@@ -207,48 +208,83 @@ def test_a_zero_engine_server_answers_and_says_its_answers_mean_nothing(
         assert "zero-cost engine" in client.stats()["engine"]["description"]
 
 
-def test_a_lone_batch_gets_every_core_and_a_crowded_one_its_share(tiny_model_dir: Path) -> None:
-    crowded = [False]
-    engine = load_engine("onnx", tiny_model_dir, device="cpu", threads=1, lone_threads=2,
-                         crowded=lambda: crowded[0])
+def test_the_cpu_onnx_engine_is_shared_by_a_model_s_sessions_and_runs_them_side_by_side(
+        tiny_model_dir: Path) -> None:
+    """One engine (one copy of the weights) for every session: batches from two threads at once
+    give what each gives alone, and the engine closes with its last user."""
+    import threading
+
+    from engines.sharing import SharedEngines
+
+    engines = SharedEngines(lambda: load_engine("onnx", tiny_model_dir, device="cpu",
+                                                threads=2))
+    first, second = engines.acquire(), engines.acquire()
+    assert first is second and engines.shared is first and first.shareable
     feeds = _feeds(tiny_model_dir)
-    alone = engine.run(feeds)
-    assert engine.lone_runs == 1 and "2 for a lone batch" in engine.describe()
-    crowded[0] = True
-    shared = engine.run(feeds)
-    assert engine.lone_runs == 1  # with company it kept to its own thread
-    for name in alone:  # the same model either way
-        np.testing.assert_allclose(alone[name], shared[name], atol=1e-5)
-    # the lone session's threads spin while a batch runs and stop as it ends
-    lone = engine.lone_session.get_session_options()
-    assert [lone.get_session_config_entry(key) for key in (
+    alone = first.run(feeds)
+    together: list[dict[str, np.ndarray]] = []
+    threads = [threading.Thread(target=lambda: together.extend(first.run(feeds)
+                                                                for _ in range(20)))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(together) == 40
+    for outputs in together:
+        for name in alone:
+            np.testing.assert_allclose(alone[name], outputs[name], atol=1e-5)
+    # the spinning threads stop as each run ends
+    options = first.session.get_session_options()
+    assert [options.get_session_config_entry(key) for key in (
         "session.intra_op.allow_spinning", "session.force_spinning_stop")] == ["1", "1"]
+    engines.release(first)
+    assert engines.shared is first  # the other session still runs it
+    engines.release(second)
+    assert engines.shared is None
+    assert engines.acquire() is not first  # the next session loads afresh
 
 
-def test_only_engines_that_share_the_cores_get_a_lone_layout() -> None:
+def test_an_engine_that_cannot_be_shared_is_loaded_once_per_session(
+        tiny_model_dir: Path) -> None:
+    from engines.sharing import SharedEngines
+
+    engines = SharedEngines(lambda: load_engine("zero", tiny_model_dir))
+    first, second = engines.acquire(), engines.acquire()
+    assert first is not second and engines.shared is None
+
+
+def test_threads_are_shared_out_among_the_engines_a_process_holds() -> None:
     import os
 
     from settings.server_config import ServerConfig
 
     cores = os.cpu_count() or 1
-    shared = ServerConfig(num_inference_sessions=2)
-    assert shared.lone_threads() == (cores if shared.engine_threads() < cores else 0)
-    assert ServerConfig(threads_per_session=1).lone_threads() == 0  # set by hand: kept
-    assert ServerConfig(workers=2).lone_threads() == 0  # across processes: no one can tell
+    assert ServerConfig(num_inference_sessions=2).engine_threads() == cores  # one shared
+    assert ServerConfig(workers=2).engine_threads() == max(1, cores // 2)
+    assert ServerConfig(num_inference_sessions=2, inference_engine_type="pytorch",
+                        ).engine_threads() == max(1, cores // 2)  # one per session
+    assert ServerConfig(threads_per_session=1).engine_threads() == 1  # set by hand: kept
 
 
-def test_a_session_s_engine_gets_the_lone_layout_from_its_queue(tiny_model_dir: Path) -> None:
-    """The server's own engine factory hands the engine its queue's ``crowded``: an empty
-    queue (falsy: it has a length) must still count as one."""
-    from scheduling.queue import WorkQueue
-    from settings.server_config import ServerConfig
-    from workers.local import default_engine_factory
+def test_an_idle_onnx_engine_gives_back_what_its_largest_batch_took(
+        tiny_model_dir: Path) -> None:
+    """The arena keeps a big batch's working memory until ``release_memory`` (the idle
+    watcher's call) shrinks it; the engine still answers the same afterwards."""
+    from telemetry.memory import resident_mb, trim_heap
 
-    config = ServerConfig(model_dir=str(tiny_model_dir), num_inference_sessions=2,
-                          threads_per_session=0)
-    queue = WorkQueue()
-    engine = default_engine_factory(config, "cpu", queue)()
-    assert engine.lone_threads == config.lone_threads()
-    if config.lone_threads():  # a machine of more cores than one session's threads
-        engine.run(_feeds(tiny_model_dir))
-        assert engine.lone_runs == 1  # nothing else queued or running: every core
+    engine = load_engine("onnx", tiny_model_dir, device="cpu", threads=1)
+    feeds = _feeds(tiny_model_dir)
+    before = engine.run(feeds)
+    big = dummy_feeds(engine.input_names, 64, 512)  # attention alone: 64 x 2 x 512 x 512 floats
+    engine.run(big)
+    trim_heap()
+    held = resident_mb()
+    engine.release_memory()
+    trim_heap()
+    released = resident_mb()
+    assert held is not None and released is not None
+    assert held - released > 50, (held, released)
+    after = engine.run(feeds)
+    for name in before:
+        np.testing.assert_allclose(before[name], after[name], atol=1e-6)

@@ -63,13 +63,27 @@ def test_the_report_says_why_each_missing_provider_is_missing() -> None:
         provider_report(without_libs, [CUDA_PROVIDER, CPU_PROVIDER], ALL)
 
 
-def test_the_engine_logs_its_providers_at_start(tiny_model_dir: Path,
-                                                caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="engines.onnx_engine"):
+def test_the_engine_says_nothing_of_gpu_runtimes_a_cpu_machine_cannot_have(
+        tiny_model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Without a GPU the providers' report is at DEBUG only: nothing at INFO or above names
+    TensorRT or CUDA."""
+    with caplog.at_level(logging.DEBUG, logger="engines.onnx_engine"):
         engine = OnnxEngine(tiny_model_dir, device="auto", intra_op_threads=1)
     assert engine.device == "cpu" and engine.binder is None  # binding only where CUDA runs
-    assert any(r.getMessage().startswith("execution providers: asked CPU; running CPU (")
-               for r in caplog.records)
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert any(m.startswith("execution providers: asked CPU; running CPU") for m in debug)
+    loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert not any("TensorRT" in m or "CUDA" in m for m in loud), loud
+
+
+def test_a_gpu_provider_asked_for_but_not_running_is_said_in_one_line() -> None:
+    from engines.onnx_providers import provider_note
+
+    assert provider_note([CPU_PROVIDER], [CPU_PROVIDER]) == ""
+    chain = choose_providers("cuda", available=ALL, tensorrt=True)
+    note = provider_note(chain, [CUDA_PROVIDER, CPU_PROVIDER])
+    assert note.startswith("TensorRT asked for but not running (running CUDA -> CPU")
+    assert provider_note(chain, [CUDA_PROVIDER, TENSORRT_PROVIDER, CPU_PROVIDER]) == ""
 
 
 def test_io_binding_gives_the_same_logits_and_keeps_buffers_per_shape(

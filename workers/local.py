@@ -15,10 +15,12 @@ from typing import Any
 from engines import load_engine
 from engines.base import Engine
 from engines.model_dir import ModelInfo
+from engines.sharing import SharedEngines
 from engines.sim_device import SimSettings
 from protocol.errors import ShuttingDown
 from protocol.messages import ModelRequest
 from scheduling.cost_model import CostModel
+from scheduling.idle import IdleRelease
 from scheduling.planner import BatchPolicy
 from scheduling.pool import SessionPool
 from scheduling.queue import DeadlineReaper, Responder, WorkItem, WorkQueue
@@ -29,6 +31,7 @@ from tasks import load_task
 from tasks.base import Task
 from tasks.encoding import releases_gil
 from tasks.qa_answers import numpy_search_reason, span_search
+from telemetry.memory import resident_mb, trim_heap
 from telemetry.stats import ServerStats
 
 log = logging.getLogger(__name__)
@@ -57,26 +60,24 @@ def prime_shapes(buckets: tuple[int, ...], max_batch_tokens: int) -> list[tuple[
 def describe_serving(policy: BatchPolicy, engine: Engine | None) -> dict[str, Any]:
     """The batching figures and (once loaded) the engine of a set of sessions, for stats:
     ``max_batch_size``, ``cost_model_ms`` and ``engine`` (type, device, precision, words,
-    whether batches fill up to the caps on it (``device_bound``), and whether the process's
-    encodes release the GIL)."""
+    whether batches fill up to the caps on it (``device_bound``), whether the process's
+    encodes release the GIL, and what it holds on its GPU (``device_mb``) where it knows)."""
     out: dict[str, Any] = {"cost_model_ms": policy.cost.table() if policy.cost else {},
                            "max_batch_size": policy.cap}
     if engine is not None:
         out["engine"] = {"type": engine.name, "device": engine.device,
                          "precision": engine.precision, "description": engine.describe(),
                          "device_bound": engine.device_bound,
-                         "encodes_release_gil": releases_gil()}
+                         "encodes_release_gil": releases_gil(), **engine.memory_figures()}
     return out
 
 
-def default_engine_factory(config: ServerConfig, device: str,
-                           queue: WorkQueue | None = None) -> Callable[[], Engine]:
+def default_engine_factory(config: ServerConfig, device: str) -> Callable[[], Engine]:
     """Builds one session's engine as the settings say (threads, precision, device, and the
     shapes a PyTorch engine captures CUDA graphs for: length buckets, longest length, token
-    budget); ``queue`` (ONNX on the CPU) says when a batch has the machine to itself."""
+    budget)."""
     return partial(load_engine, config.inference_engine_type, config.model_dir, device=device,
-                   threads=config.engine_threads(), lone_threads=config.lone_threads(),
-                   crowded=None if queue is None else queue.crowded, precision=config.precision,
+                   threads=config.engine_threads(), precision=config.precision,
                    graph=config.pytorch_graph, lengths=config.bucket_lengths(),
                    max_seq_len=config.max_seq_len, max_tokens=config.max_batch_tokens,
                    onnx_cuda_graphs=config.onnx_cuda_graphs == "on",
@@ -91,12 +92,12 @@ def model_label(config: ServerConfig) -> str:
     return folder.name or folder.resolve().name
 
 
-def session_pool(config: ServerConfig, factory: Callable[[], Engine], task: BatchTask,
+def session_pool(config: ServerConfig, engines: SharedEngines, task: BatchTask,
                  queue: WorkQueue, policy: BatchPolicy, stats: ServerStats,
                  buckets: tuple[int, ...], longest: int) -> SessionPool:
     """``--num_inference_sessions`` sessions on ``queue``, as a pool not started yet: its
-    ``start`` returns once every one has loaded, primed and (the first) timed its engine for
-    the cost model."""
+    ``start`` returns once every one has loaded (or shares, ``engines``), primed and (the
+    first) timed its engine for the cost model."""
     # two lengths, a short one and the longest: the cost model scales between them, and
     # start-up stays short (each length times doubling row counts while batching pays);
     # with length buckets, every bucket: the only lengths batches will have
@@ -107,9 +108,10 @@ def session_pool(config: ServerConfig, factory: Callable[[], Engine], task: Batc
         # One session times the warm-up shapes for the shared cost model (sessions warming
         # at once would time each other's contention); every session primes its engine.
         timed = config.batching == "auto" and index == 0 and initial
-        return InferenceSession(index, factory, task, queue, policy, stats,
+        return InferenceSession(index, engines.acquire, task, queue, policy, stats,
                                 warmup=warmup if timed else (),
-                                prime=prime_shapes(buckets, config.max_batch_tokens), model=model)
+                                prime=prime_shapes(buckets, config.max_batch_tokens), model=model,
+                                release_engine=engines.release)
 
     return SessionPool(config.num_inference_sessions, make,
                        on_restart=lambda: stats.count_event("session_restart"))
@@ -135,12 +137,14 @@ class LocalBackend:
         self.stats = stats
         self.device = device or config.device
         self.queue = WorkQueue(config.max_queue)
-        self.engine_factory = engine_factory or default_engine_factory(
-            config, self.device, self.queue)
+        self.engines = SharedEngines(engine_factory or default_engine_factory(config,
+                                                                              self.device))
         self.policy = batch_policy(config)
         self.task: Task | None = None
         self.pool: SessionPool | None = None
         self._reaper = DeadlineReaper(self.queue)
+        self._idle = IdleRelease(self.queue, self.release_memory)
+        self.memory_mb: float | None = None  # what loading the model added to the process
 
     def start(self, cancel: threading.Event | None = None) -> None:
         """Load the task (its tokenizer), then every session's engine (warmed up), then serve.
@@ -153,16 +157,44 @@ class LocalBackend:
             RuntimeError: a session could not load its engine.
             StartCancelled: ``cancel`` was set before every session was ready.
         """
+        before = resident_mb()
         self.task = load_task(self.config.model_dir, self.info, self.config)
         reason = numpy_search_reason()
         if self.info.task == "qa" and reason is not None:
             log.warning("QA answers are searched in numpy: the C span search is %s (same "
                         "answers, more CPU per request; docs/operations.md)", reason)
         self._start_sessions(self.task, cancel)
+        self.release_memory()  # what warm-up's largest batch took
+        after = resident_mb()
+        if before is not None and after is not None:
+            self.memory_mb = round(max(0.0, after - before), 1)
         self._reaper.start()
+        self._idle.start()
+        log.info("%s", self.ready_line())
+
+    def ready_line(self) -> str:
+        """The model's one start-up line: name, task, engine, precision, sessions, device,
+        and the memory it took."""
+        engine = self.engine
+        kind = engine.name if engine is not None else self.config.inference_engine_type
+        device = engine.device if engine is not None else self.device
+        precision = engine.precision if engine is not None else self.config.precision
+        shared = self.engines.shared is not None
+        sessions = self.config.num_inference_sessions
+        copies = "1 engine" if shared or sessions == 1 else f"{sessions} engines"
+        memory = f", {self.memory_mb:.0f} MB" if self.memory_mb is not None else ""
+        return (f"model {model_label(self.config)} ready: {self.info.task}, {kind} {precision} "
+                f"on {device}, {sessions} sessions ({copies}{memory})")
+
+    def release_memory(self) -> None:
+        """Give back the working memory of past batches: each distinct engine's, then the
+        C heap's (also done by the idle watcher after a spell without work)."""
+        if self.pool is not None:
+            self.pool.release_memory()
+        trim_heap()
 
     def _start_sessions(self, task: Task, cancel: threading.Event | None) -> None:
-        self.pool = session_pool(self.config, self.engine_factory, task, self.queue,
+        self.pool = session_pool(self.config, self.engines, task, self.queue,
                                  self.policy, self.stats, task.buckets, task.max_seq_len)
         try:
             self.pool.start(cancel)
@@ -256,4 +288,5 @@ class LocalBackend:
                 item.answer(None, stopped)
         if self._reaper.is_alive():
             self._reaper.join(1.0)
+        self._idle.stop()
         return drained
