@@ -10,10 +10,12 @@ not lump several models into one description: each is in ``models``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from broker.urls import redact
+from telemetry.memory import process_memory
 from telemetry.stats import ServerStats
 from workers.figures import summarize_worker
 
@@ -41,8 +43,10 @@ def collect_stats(config: ServerConfig, stats: ServerStats, models: ModelSet,
         per_model[model.name] = merged
         if model.backend is not None:  # the server's own counts every model's already
             total = model.backend.summed(total, figures)
-        workers += [{**summarize_worker(worker), "model": model.name} for worker in figures]
+        mine = [{**summarize_worker(worker), "model": model.name} for worker in figures]
+        workers += mine
         entries[model.name] = _model_entry(model, merged, config)
+        entries[model.name]["memory_mb"] = model_memory_mb(model, mine)
     result = total.snapshot()
     result["queue_depth"] = sum(entry["queue_depth"] for entry in entries.values())
     result["ready"] = ready
@@ -65,7 +69,29 @@ def collect_stats(config: ServerConfig, stats: ServerStats, models: ModelSet,
     if busy:
         result["devices"] = busy
     result["models"] = entries
+    result["memory"] = memory_summary(workers)
     return result, total, per_model
+
+
+def memory_summary(workers: list[dict[str, Any]]) -> dict[str, float | None]:
+    """This process's resident memory, and what it and its worker processes on this machine
+    hold together (PSS: pages shared among them counted once), in MB."""
+    own = process_memory()
+    others = {w["pid"]: w["memory_mb"].get("pss_mb") or 0.0 for w in workers
+              if w.get("memory_mb") and w.get("pid") != os.getpid() and "host" not in w}
+    total = None if own["pss_mb"] is None else round(own["pss_mb"] + sum(others.values()), 1)
+    return {"process_rss_mb": own["rss_mb"], "process_pss_mb": own["pss_mb"],
+            "total_pss_mb": total}
+
+
+def model_memory_mb(model: ServedModel, workers: list[dict[str, Any]]) -> float | None:
+    """What a model holds, in MB: in worker processes of its own (a broker's too, wherever
+    they run), their PSS summed; in this process, what loading it added to the process (its
+    weights, runtime and tokenizer)."""
+    own = [w for w in workers if w.get("memory_mb") and w.get("pid") != os.getpid()]
+    if own:
+        return round(sum(w["memory_mb"].get("pss_mb") or 0.0 for w in own), 1)
+    return getattr(model.backend, "memory_mb", None)
 
 
 def _executor_figures(model: ServedModel) -> list[dict[str, Any]]:

@@ -75,6 +75,7 @@ class ServerCollector(Collector):
         yield _time_histogram("engine_time_seconds", "Engine time per batch", stats.engine_time)
         yield _time_histogram("request_duration_seconds", "Time from admission until the reply "
                               "was written", stats.request_time)
+        yield from _memory_families(snap)
         yield from _model_families(snap.get("models", {}), per_model)
         yield from _worker_families(snap.get("workers", []))
         yield from _device_share(snap.get("devices", {}))
@@ -121,6 +122,34 @@ def _model_families(entries: dict[str, dict[str, Any]],
             timing = getattr(stats, key)
             family.add_metric([name], _time_buckets(timing), timing.total)
     yield from (info, requests, *gauges.values(), batches, sizes, *times.values())
+
+
+def _memory_families(snap: dict[str, Any]) -> Iterator[Metric]:
+    """Resident memory: this process's, this machine's server processes' together, each
+    model's and each worker process's (bytes; absent where the system cannot say)."""
+    mb = 2**20
+    memory = snap.get("memory", {})
+    for key, name, doc in (
+            ("process_rss_mb", "process_resident_memory_bytes", "Resident memory (RSS) of "
+             "the server's own process"),
+            ("total_pss_mb", "memory_bytes", "Memory of the server's processes on this "
+             "machine together (PSS: shared pages counted once)")):
+        if memory.get(key) is not None:
+            yield _gauge(name, doc, memory[key] * mb)
+    models = GaugeMetricFamily(f"{PREFIX}_model_memory_bytes", "What each model holds: its "
+                               "worker processes' PSS, or what loading it added to the process",
+                               labels=["model"])
+    for name, entry in snap.get("models", {}).items():
+        if entry.get("memory_mb") is not None:
+            models.add_metric([name], entry["memory_mb"] * mb)
+    workers = GaugeMetricFamily(f"{PREFIX}_worker_memory_bytes", "Each worker process's memory "
+                                "(PSS)", labels=["model", "worker", "device"])
+    for worker in snap.get("workers", []):
+        pss = (worker.get("memory_mb") or {}).get("pss_mb")
+        if pss is not None:
+            workers.add_metric([str(worker.get("model", "")), str(worker["worker"]),
+                                str(worker["device"])], pss * mb)
+    yield from (models, workers)
 
 
 def _worker_families(workers: list[dict[str, Any]]) -> Iterator[Metric]:

@@ -14,6 +14,8 @@ import time
 from collections import Counter, deque
 from typing import Any
 
+from telemetry.memory import process_memory
+
 #: Histogram bucket upper bounds in seconds (Prometheus-style, cumulative when exported).
 TIME_BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                    0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -174,11 +176,14 @@ class ServerStats:
 
     def batch_figures(self) -> dict[str, Any]:
         """What a worker process reports to the front end: its batches, queue and engine times
-        and events, as plain data for ``absorb``."""
+        and events, as plain data for ``absorb``, and the memory of the process that reports
+        (``memory``: ``rss_mb``, ``pss_mb``; read where it runs, so a remote worker's too)."""
+        memory = process_memory()
         with self._lock:
             return {"batches": self.batches, "batch_sizes": dict(self.batch_sizes),
                     "batch_rows": self.batch_rows, "queue_time": self.queue_time.to_raw(),
-                    "engine_time": self.engine_time.to_raw(), "events": dict(self.events)}
+                    "engine_time": self.engine_time.to_raw(), "events": dict(self.events),
+                    "memory": memory}
 
     def absorb(self, figures: dict[str, Any], share: float = 1.0) -> None:
         """Add a worker's ``batch_figures`` to these statistics (on a ``copy``, for a view

@@ -99,6 +99,22 @@ def test_metrics_endpoint_serves_the_same_figures_as_prometheus_text(
     assert ("precision", "fp32") in info
 
 
+def test_memory_is_in_stats_and_metrics_for_the_process_and_the_model(
+        server: InferenceServer) -> None:
+    with Client(*server.address) as client:
+        stats = client.stats(timeout=30)
+    assert stats["memory"]["process_rss_mb"] > 0
+    assert stats["memory"]["total_pss_mb"] == stats["memory"]["process_pss_mb"]  # no workers
+    (entry,) = stats["models"].values()
+    assert entry["memory_mb"] is not None and entry["memory_mb"] >= 0  # what loading added
+    assert stats["workers"][0]["memory_mb"]["rss_mb"] > 0
+    metrics = scrape(server)
+    assert metrics["qa_server_process_resident_memory_bytes"][
+        ("qa_server_process_resident_memory_bytes",)] > 0
+    (model_bytes,) = metrics["qa_server_model_memory_bytes"].values()
+    assert model_bytes == entry["memory_mb"] * 2**20
+
+
 def test_gpu_series_are_absent_without_a_gpu(server: InferenceServer) -> None:
     probe = GpuProbe()
     if probe.handles:

@@ -235,3 +235,27 @@ def test_overload_is_refused_in_the_front_end_and_every_request_is_answered(
     assert stats["requests"]["qa"] == {"ok": outcomes.count("ok"),
                                        "overloaded": outcomes.count("overloaded")}
     assert stats["in_flight"] == 0
+
+
+def test_memory_is_reported_per_worker_process_per_model_and_in_all(
+        served: InferenceServer) -> None:
+    """Each worker reads its own memory; the model holds its workers' PSS; the machine's total
+    is the front end's PSS and the workers' together; /metrics says the same."""
+    with Client(*served.address) as client:
+        stats = client.stats(timeout=30)
+    workers = stats["workers"]
+    assert len(workers) == 2
+    for worker in workers:
+        assert worker["memory_mb"]["rss_mb"] > 0 and worker["memory_mb"]["pss_mb"] > 0
+    held = sum(w["memory_mb"]["pss_mb"] for w in workers)
+    (entry,) = stats["models"].values()
+    assert entry["memory_mb"] == pytest.approx(held, abs=0.1)
+    memory = stats["memory"]
+    assert memory["process_rss_mb"] > 0
+    assert memory["total_pss_mb"] == pytest.approx(memory["process_pss_mb"] + held, abs=0.2)
+    metrics = scrape(served)
+    per_worker = {dict(key[1:])["worker"]: value for key, value in metrics.items()
+                  if key[0] == "qa_server_worker_memory_bytes"}
+    assert sorted(per_worker) == ["0", "1"] and all(v > 0 for v in per_worker.values())
+    assert metrics[("qa_server_memory_bytes",)] > sum(per_worker.values())
+    assert metrics[("qa_server_process_resident_memory_bytes",)] > 0

@@ -13,11 +13,15 @@ def summarize_worker(worker: dict[str, Any]) -> dict[str, Any]:
     its last answer when it did not answer this query in time."""
     out = {key: worker[key] for key in ("worker", "pid", "device", "state", "in_flight",
                                         "restarts")}
+    if "host" in worker:  # a broker's worker, on a machine of its own
+        out["host"] = worker["host"]
     out["answered_stats"] = worker.get("figures") is not None
     figures = worker["known_figures"]  # this query's answer, else the worker's last one
     if figures is not None:
         engine_time = Timing()
         engine_time.absorb(figures["engine_time"])
+        if figures.get("memory"):  # read in the worker's own process
+            out["memory_mb"] = figures["memory"]
         out.update(batches=figures["batches"], batch_rows=figures["batch_rows"],
                    queue_depth=figures.get("queue_depth", 0),
                    engine_seconds=engine_time.total, engine_time=engine_time.summary())
