@@ -32,7 +32,7 @@ from dispatch.auth import Authenticator, TokenSet
 from dispatch.handler import RequestHandler
 from dispatch.models import ModelSet
 from dispatch.report import collect_stats
-from dispatch.serving_log import log_loading, log_serving
+from dispatch.serving_log import log_loading, log_ready, log_serving, log_start
 from engines import SETTING_CHOICES as ENGINE_SETTINGS
 from engines.base import Engine
 from engines.devices import check_cuda_devices
@@ -147,7 +147,7 @@ class InferenceServer:
             self._stop(timeout=5)
             raise
         self._started = True
-        log_serving(self.config, self.models, self.endpoints,
+        log_serving(self.config, self.endpoints, self.local_only,
                     None if self.auth.tokens is None else len(self.auth.tokens),
                     self.config.auth_token_file)
 
@@ -181,7 +181,7 @@ class InferenceServer:
         self.models.read()
         check_cuda_devices(cfg.inference_engine_type, cfg.gpu_indices())
         log_loading(cfg, self.models, self.endpoints)
-        self.models.start(cancel)
+        self.models.start(cancel, on_ready=log_ready)
 
     def _start_metrics(self, host: str, port: int) -> None:
         from telemetry.prometheus import serve_metrics
@@ -227,16 +227,24 @@ class InferenceServer:
 
     @property
     def endpoints(self) -> str:
-        """Every address served, in words, for the log."""
+        """Every address served, in words, for the log: TCP first, then the Unix socket and
+        the HTTP API's URL."""
         parts = []
         if self._tcp_socket() is not None:
             host, port = self.address
-            parts.append(f"{host}:{port}" + (" with TLS" if self._tls is not None else "")
-                         + (" (local only; --host 0.0.0.0 to serve other machines)"
-                            if host == "127.0.0.1" else ""))
+            parts.append(f"{host}:{port}" + (" with TLS" if self._tls is not None else ""))
         if self.unix_address is not None:
             parts.append(self.unix_address)
+        if self._http is not None:
+            parts.append(self._http.url)
         return " and ".join(parts)
+
+    @property
+    def local_only(self) -> bool:
+        """Whether only this machine can connect: every address served is a loopback one."""
+        hosts = [self.address[0]] if self._tcp_socket() is not None else []
+        hosts += [self._http.address[0]] if self._http is not None else []
+        return bool(hosts) and all(h in ("127.0.0.1", "::1", "localhost") for h in hosts)
 
     def _tcp_socket(self) -> socket.socket | None:
         """The TCP listening socket; None before start, or with port -1."""
@@ -390,8 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)  # first: a stop is handled from the first log line
     signal.signal(signal.SIGTERM, on_signal)
     # before any thread or worker process starts: they inherit it (workers/cpu_policy.py)
-    log.info("CPU scheduling: %s", apply_cpu_scheduling(config.cpu_scheduling).explained())
-    log.info("layout: %s", layout.why)
+    log_start(config, apply_cpu_scheduling(config.cpu_scheduling).explained(), layout.why)
     if config.role == "worker":  # run the model for the front ends of --broker until stopped
         from broker.worker_main import run_worker
 

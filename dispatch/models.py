@@ -35,6 +35,7 @@ from telemetry.stats import ServerStats
 from workers.backend import Backend
 
 log = logging.getLogger(__name__)
+start_log = logging.getLogger("server")  # the start-up log's lines (dispatch/serving_log.py)
 
 
 @dataclass(eq=False)
@@ -86,6 +87,13 @@ NO_MODEL = {"zero": ZERO_ENGINE_WARNING, "sim": SIM_ENGINE_WARNING}
 CONTROL_OPS = frozenset({PingRequest.op, StatsRequest.op, ModelsRequest.op, AuthRequest.op})
 
 
+def headline(warning: str | None) -> str:
+    """A model's warning in one short line for the log: its first clause (up to the colon),
+    and where the rest is said (the whole is in ``stats``, ``models`` and serving.json)."""
+    first = (warning or "").split(":", 1)[0].strip()[:80]
+    return f"{first} (why: client.py --stats)"
+
+
 class ModelSet:
     """Every served model, in name order, and the routing of requests to them.
 
@@ -126,12 +134,14 @@ class ModelSet:
         self.models = found
         self.task_ops = frozenset(m.op for m in self if m.op not in REQUEST_PARSERS)
 
-    def start(self, cancel: threading.Event | None = None) -> None:
+    def start(self, cancel: threading.Event | None = None,
+              on_ready: Callable[[ServedModel], None] | None = None) -> None:
         """Load every model's task and engines, one model after another (each warms up alone).
 
         Args:
             cancel: Give up once this is set (a stop asked during start-up); ``stop`` then
                 stops what was started.
+            on_ready: Called with each model as it is ready (the start-up log's line).
 
         Raises:
             RuntimeError: a model could not load.
@@ -140,10 +150,13 @@ class ModelSet:
         for model in self:
             raise_if_cancelled(cancel)
             if not model.info.meaningful:
-                log.warning("%s: %s", model.name, model.info.warning)
+                start_log.warning("model %s: %s", model.name, headline(model.info.warning))
+                start_log.debug("model %s: %s", model.name, model.info.warning)
             model.backend = make_backend(model.config, model.info, model.stats,
                                          self.engine_factory, model.name)
             model.backend.start(cancel)
+            if on_ready is not None:
+                on_ready(model)
 
     def __iter__(self) -> Iterator[ServedModel]:
         return iter(self.models.values())

@@ -1,5 +1,7 @@
-"""The start-up log's account of what is served and how: the models as they start loading, then
-each model and what runs it, the batching, the limits and where the server listens.
+"""The start-up log a person reads: the layout, the models as they start loading, one line per
+model as it is ready, and where the server serves and how to stop it. Each line stays under
+about 120 characters; the detail (each model's engine, its batch cost model, the CPU scheduling,
+every limit) is at DEBUG (``--log_level DEBUG``), and all of it is in ``client.py --stats``.
 
 A broker front end (``--broker``) has a tokenizer and no engine: its lines say that the broker's
 workers run the model, each with its own engine, sessions and batching (their own settings).
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 from dispatch.models import ModelSet, ServedModel
 from settings.server_config import ServerConfig
@@ -16,63 +19,91 @@ from settings.server_config import ServerConfig
 log = logging.getLogger("server")  # the server's start-up log, whichever module writes it
 
 
+def log_start(config: ServerConfig, scheduling: str, layout: str) -> None:
+    """The first lines: the layout chosen, and (at DEBUG) the CPU scheduling policy."""
+    log.debug("CPU scheduling: %s", scheduling)
+    log.info("layout: %s", layout)
+
+
 def log_loading(config: ServerConfig, models: ModelSet, endpoints: str) -> None:
-    """The line before the models load: which, into what, and the addresses already bound."""
-    names = ", ".join(f"{m.name} ({m.info.task})" for m in models)
+    """The line before the models load: which, and the addresses already bound."""
+    names = ", ".join(m.name for m in models)
     if config.broker is not None:
-        log.info("front end for %s: tokenizing here, the model runs in the workers of the "
-                 "broker (%s bound)", names, endpoints)
+        log.info("front end for %s: tokenizing here, the broker's workers run the models",
+                 names)
+    else:
+        log.info("loading %s; %s bound, accepting once loaded", names, endpoints)
+
+
+def log_ready(model: ServedModel) -> None:
+    """One line as a model is ready: name, task, engine, precision, device, sessions (and
+    worker processes), engines and memory; its details at DEBUG."""
+    assert model.backend is not None
+    config = model.config
+    described = model.backend.describe()
+    _log_details(config, model, described)
+    if config.broker is not None:
+        serving = described["broker"]["serving_workers"]
+        log.info("model %s ready: %s, tokenized here; %d broker workers serving now",
+                 model.name, model.info.task, serving)
         return
-    where = f"{config.workers} worker processes of " if config.workers > 1 else ""
-    log.info("loading %s into %s%d %s sessions each (%s bound; accepting once loaded)", names,
-             where, config.num_inference_sessions, config.inference_engine_type, endpoints)
+    engine = described.get("engine", {})
+    log.info("model %s ready: %s, %s %s on %s, %s", model.name, model.info.task,
+             engine.get("type", config.inference_engine_type),
+             engine.get("precision", config.precision),
+             engine.get("device", config.device), _sessions(config, described))
 
 
-def log_serving(config: ServerConfig, models: ModelSet, endpoints: str,
+def _sessions(config: ServerConfig, described: dict[str, Any]) -> str:
+    """Sessions, processes, engines and memory, in words: ``2 sessions (1 engine, 118 MB)``,
+    ``2 workers x 2 sessions (1 engine each; 231 + 229 MB)``."""
+    sessions = f"{config.num_inference_sessions} session" + \
+        ("s" if config.num_inference_sessions != 1 else "")
+    engines = described.get("engines", config.num_inference_sessions)
+    engines_words = f"{engines} engine" + ("s" if engines != 1 else "")
+    if config.workers > 1:
+        sizes = [m for m in described.get("workers_mb", []) if m is not None]
+        memory = "; " + " + ".join(f"{m:.0f}" for m in sizes) + " MB" if sizes else ""
+        return f"{config.workers} workers x {sessions} ({engines_words} each{memory})"
+    memory = described.get("memory_mb")
+    return f"{sessions} ({engines_words}" + (f", {memory:.0f} MB)" if memory else ")")
+
+
+def _log_details(config: ServerConfig, model: ServedModel, described: dict[str, Any]) -> None:
+    """What a person asks after something looks wrong, at DEBUG: the model's source and
+    folder, its engine in full, and its batch cost model after warm-up."""
+    log.debug("model %s: %s (%s) from %s; engine: %s", model.name, model.info.model_name,
+              model.info.source, os.path.abspath(model.config.model_dir),
+              described.get("engine", {}).get("description", "?"))
+    if config.batching == "auto" and config.broker is None:
+        log.debug("model %s: batch cost model after warm-up (ms per batch, ROWSxLENGTH%s): %s",
+                  model.name, ", worker 0" if config.workers > 1 else "",
+                  ", ".join(f"{shape} {ms:.1f}" for shape, ms in
+                            described.get("cost_model_ms", {}).items()))
+
+
+def log_serving(config: ServerConfig, endpoints: str, local_only: bool,
                 tokens: int | None, token_file: str | None) -> None:
-    """The lines once every model serves, ending with ``serving on ADDRESSES``.
+    """The lines once every model serves, ending with ``serving on ADDRESSES; Ctrl+C stops``.
 
     Args:
         config: The server's settings.
-        models: The models, started.
         endpoints: Every address served, in words.
+        local_only: Only this machine can connect (said, with how to serve others).
         tokens: How many authentication tokens were read (None: no authentication).
         token_file: Where they were read from.
     """
     cfg = config
-    for model in models:
-        _log_model(cfg, model)
     if cfg.broker is None:  # a broker's workers have sessions and batching of their own
-        log.info("%s%d inference sessions per model; batching %s (max %d requests, %d tokens, "
-                 "delay %g ms)", f"{cfg.workers} workers on {', '.join(cfg.worker_devices())}, "
-                 "each with " if cfg.workers > 1 else "", cfg.num_inference_sessions,
-                 cfg.batching, cfg.max_batch_size, cfg.max_batch_tokens, cfg.max_queue_delay_ms)
-    log.info("limits: queue %d per model, request timeout %g ms, %d connections, idle %g s, "
-             "frame %g s, frame size %d B, question %d chars, context %d chars "
-             "(docs/operations.md)", cfg.max_queue, cfg.request_timeout_ms,
-             cfg.max_connections, cfg.idle_timeout_s, cfg.frame_timeout_s,
-             cfg.max_frame_size, cfg.max_question_chars, cfg.max_context_chars)
+        log.info("batching %s: at most %d requests, %d tokens, %g ms of waiting", cfg.batching,
+                 cfg.max_batch_size, cfg.max_batch_tokens, cfg.max_queue_delay_ms)
+    log.debug("limits: queue %d per model, request timeout %g ms, %d connections, idle %g s, "
+              "frame %g s, frame size %d B, question %d chars, context %d chars "
+              "(docs/operations.md)", cfg.max_queue, cfg.request_timeout_ms,
+              cfg.max_connections, cfg.idle_timeout_s, cfg.frame_timeout_s,
+              cfg.max_frame_size, cfg.max_question_chars, cfg.max_context_chars)
     if tokens is not None:
-        log.info("token authentication: %d tokens from %s; a connection must authenticate "
-                 "within %g s (auth_timeout)", tokens, token_file, cfg.auth_timeout_s)
-    log.info("serving on %s", endpoints)
-
-
-def _log_model(config: ServerConfig, model: ServedModel) -> None:
-    """What one model is, and what runs it: its engine here (or in the worker processes), or,
-    behind a broker, the broker's workers."""
-    assert model.backend is not None
-    described = model.backend.describe()
-    what = (f"model {model.name}: {model.info.model_name} ({model.info.source}, task "
-            f"{model.info.task}) from {os.path.abspath(model.config.model_dir)}")
-    if config.broker is not None:
-        serving = described["broker"]["serving_workers"]
-        log.info("%s; tokenized here, run by the broker's workers (--role worker), each with its "
-                 "own engine, sessions and batching; %d serving now", what, serving)
-        return
-    log.info("%s; engine: %s", what, described.get("engine", {}).get("description", "?"))
-    if config.batching == "auto":
-        log.info("model %s: batch cost model after warm-up (ms per batch, ROWSxLENGTH%s): %s",
-                 model.name, ", worker 0" if config.workers > 1 else "",
-                 ", ".join(f"{shape} {ms:.1f}" for shape, ms in
-                           described.get("cost_model_ms", {}).items()))
+        log.info("token authentication: %d tokens from %s", tokens, token_file)
+    if local_only:
+        log.info("this machine only can connect (--host 0.0.0.0 to serve others)")
+    log.info("serving on %s; Ctrl+C stops", endpoints)

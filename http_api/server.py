@@ -191,5 +191,5 @@ def start_http(state: ServingState, tls: ssl.SSLContext | None,
     except BaseException:
         sock.close()
         raise
-    log.info("HTTP API on %s (docs/http.md)", front.url)
+    log.debug("HTTP API on %s (docs/http.md)", front.url)
     return front

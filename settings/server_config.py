@@ -285,10 +285,22 @@ def parse_args(description: str | None, argv: list[str] | None = None, *,
     except ConfigFileError as exc:
         parser.error(str(exc))
     args = vars(parser.parse_args(argv))
-    args.pop("config")
-    logging.basicConfig(level=args.pop("log_level"),
-                        format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
+    config_file = args.pop("config")
+    configure_logging(args.pop("log_level"))
+    if config_file is not None:
+        logging.getLogger("server").info("settings read from %s (flags given beside it win)",
+                                         config_file)
     return config_from_args(parser, args, registry)
+
+
+def configure_logging(level: str | int, process: str = "") -> None:
+    """The log's format: time, level, ``process`` (a worker's name), logger and message; at
+    DEBUG the milliseconds and the thread's name too."""
+    detail = level in ("DEBUG", logging.DEBUG)
+    where = f"{process} " if process else ""
+    thread = "%(threadName)s " if detail else ""
+    logging.basicConfig(level=level, datefmt=None if detail else "%Y-%m-%d %H:%M:%S",
+                        format=f"%(asctime)s %(levelname)s {where}{thread}%(name)s: %(message)s")
 
 
 def full_parser(description: str | None, registry: SettingRegistry) -> argparse.ArgumentParser:

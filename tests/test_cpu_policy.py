@@ -101,7 +101,8 @@ def test_the_flag_refuses_an_unknown_policy() -> None:
 def test_server_py_and_its_worker_processes_run_under_the_policy(
         tiny_model_dir: Path, flags: tuple[str, ...], policy: str) -> None:
     proc, address, lines = start_server("--model_dir", str(tiny_model_dir), "--workers", "2",
-                                        "--num_inference_sessions", "1", *flags)
+                                        "--num_inference_sessions", "1", "--log_level",
+                                        "DEBUG", *flags)
     reader = drain_log(proc, lines)
     try:
         with Client(*address) as client:
@@ -116,4 +117,4 @@ def test_server_py_and_its_worker_processes_run_under_the_policy(
         reader.join(10)
     meaning = {"batch": "SCHED_BATCH for every thread (one that wakes on a busy core waits",
                "normal": "SCHED_OTHER, the kernel's default"}[policy]
-    assert f"CPU scheduling: {policy} = {meaning}" in "".join(lines)  # what it means, in words
+    assert f"CPU scheduling: {policy} = {meaning}" in "".join(lines)  # in words, at DEBUG

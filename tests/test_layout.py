@@ -58,5 +58,9 @@ def test_the_flags_and_a_cpu_only_machine_keep_one_process() -> None:
         assert config.executors == "off", argv
         assert config.workers == (3 if "--workers" in argv else 1), argv
     why = choose_layout(ServerConfig(inference_engine_type="pytorch"), set(), cores=16).why
-    assert why.startswith("one process: no GPU for the pytorch engine (torch ") \
-        or "one executor per GPU" in why  # a machine with a GPU runs this test too
+    assert why == "one process, which serves the most on the CPU (--workers N for more); no " \
+        "GPU here" or "one executor per GPU" in why  # a machine with a GPU runs this test too
+    # a GPU asked for that the engine cannot use is said, with why
+    why = choose_layout(ServerConfig(inference_engine_type="pytorch", device="cuda"), set(),
+                        cores=16, gpus=0).why
+    assert why.startswith("one process on the CPU: no GPU for the pytorch engine")

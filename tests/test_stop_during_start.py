@@ -145,7 +145,7 @@ def test_a_broker_worker_stopped_while_loading_exits_zero_having_taken_nothing(
         proc = spawn_server("--role", "worker", "--broker", broker.url,
                             "--model_dir", str(tiny_model_dir), *SLOW_START)
         lines: list[str] = []
-        read_log_until(proc, lines, "CPU scheduling")  # logged once the handlers are set
+        read_log_until(proc, lines, "layout: ")  # logged once the handlers are set
         proc.send_signal(signal.SIGINT)
         status, log = finish(proc, lines)
         assert status == 0, log
@@ -187,7 +187,7 @@ def test_a_broker_front_end_stopped_during_start_up_never_serves(tmp_path: Path,
                             "--auth_token_file", str(tokens))
         feed_fifo(tokens, "a-token\n")  # the flags' check
         lines: list[str] = []
-        read_log_until(proc, lines, "CPU scheduling")  # logged once the handlers are set
+        read_log_until(proc, lines, "layout: ")  # logged once the handlers are set
         proc.send_signal(signal.SIGINT)
         feed_fifo(tokens, "a-token\n")  # the start's own read: it goes on, told to stop
         status, log = finish(proc, lines)

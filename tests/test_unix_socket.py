@@ -116,7 +116,8 @@ def test_a_stale_socket_file_is_replaced(tiny_model_dir: Path, folder: Path,
     crashed.bind(str(path))  # a server that died: the file stays, nothing listens
     crashed.close()
     assert path.is_socket()
-    config = ServerConfig(port=-1, unix_socket=str(path), model_dir=str(tiny_model_dir),
+    config = ServerConfig(port=-1, http_port=-1, unix_socket=str(path),
+                          model_dir=str(tiny_model_dir),
                           num_inference_sessions=1)
     with caplog.at_level("INFO", logger="server.transport"), InferenceServer(config) as srv:
         with Client(f"unix://{path}") as client:
@@ -159,7 +160,7 @@ def test_a_path_that_is_not_a_socket_is_never_deleted(tiny_model_dir: Path,
 def test_a_stop_delivers_every_reply_over_the_unix_socket(tiny_model_dir: Path,
                                                           folder: Path) -> None:
     engine = GatedEngine(load_engine("onnx", tiny_model_dir, threads=1))
-    config = ServerConfig(port=-1, unix_socket=str(folder / "qa.sock"),
+    config = ServerConfig(port=-1, http_port=-1, unix_socket=str(folder / "qa.sock"),
                           model_dir=str(tiny_model_dir), num_inference_sessions=1)
     srv = InferenceServer(config, engine_factory=lambda: engine)
     srv.start()
@@ -184,8 +185,8 @@ def test_a_stop_delivers_every_reply_over_the_unix_socket(tiny_model_dir: Path,
 def test_a_unix_only_server_process_publishes_its_address_and_removes_its_file(
         tiny_model_dir: Path, folder: Path) -> None:
     path, address_file = folder / "qa.sock", folder / "address"
-    proc = subprocess.Popen([sys.executable, "server.py", "--port", "-1", "--unix_socket",
-                             str(path), "--address_file", str(address_file), "--model_dir",
+    proc = subprocess.Popen([sys.executable, "server.py", "--port", "-1", "--http_port", "-1",
+                             "--unix_socket", str(path), "--address_file", str(address_file), "--model_dir",
                              str(tiny_model_dir), "--num_inference_sessions", "1"],
                             cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -196,7 +197,7 @@ def test_a_unix_only_server_process_publishes_its_address_and_removes_its_file(
         if "serving on" in line:
             break
     log = "".join(lines)
-    assert re.search(rf"serving on unix://{re.escape(str(path))}$", log, re.M), log
+    assert re.search(rf"serving on unix://{re.escape(str(path))}; Ctrl\+C stops$", log, re.M), log
     threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
     assert address_file.read_text().strip() == f"unix://{path}"
     probe = subprocess.run([sys.executable, "client.py", "--address_file", str(address_file),

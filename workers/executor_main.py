@@ -31,7 +31,7 @@ from engines.shapes import capture_lengths
 from scheduling.cost_model import CostModel
 from scheduling.planner import BatchPolicy
 from scheduling.session import dummy_feeds, time_shapes
-from settings.server_config import ServerConfig
+from settings.server_config import ServerConfig, configure_logging
 from workers.executor_loop import Executor, Link
 from workers.executor_socket import accept_key
 from workers.executor_wire import FIXED_WIDTH_TASKS, Described, Hello, Job
@@ -89,8 +89,7 @@ def run_executor(config: ServerConfig, device: str, address: str, authkey: bytes
     """Load the device's engine, serve jobs until told to stop (or orphaned), then stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=log_level, format=(
-        f"%(asctime)s %(levelname)s executor-{device} %(threadName)s %(name)s: %(message)s"))
+    configure_logging(log_level, f"executor-{device}")
     try:
         engine = default_engine_factory(config, device)()  # as a worker's session would
         engine.run(dummy_feeds(engine.input_names, 1, 16))  # the first run allocates

@@ -18,7 +18,7 @@ import os
 from dataclasses import replace
 from typing import NamedTuple
 
-from engines.devices import usable_gpus
+from engines.devices import usable_gpus, visible_gpus
 from settings.server_config import ServerConfig
 
 #: Engine types that run on a GPU (the sim engine on a simulated one).
@@ -63,13 +63,15 @@ def choose_layout(config: ServerConfig, given: set[str], cores: int | None = Non
     if given & {"workers", "executors"}:
         return Layout(config, "as the flags say (--workers, --executors)")
     engine = config.inference_engine_type
+    on_cpu = "one process, which serves the most on the CPU (--workers N for more)"
     if engine not in GPU_ENGINES or config.device == "cpu":
-        return Layout(config, f"one process: the {engine} engine on the CPU, where one "
-                              "process serves the most (--workers N for more)")
+        return Layout(config, on_cpu)
     found, why_none = (gpus, "") if gpus is not None else usable_gpus(engine)
     if not found:
-        return Layout(config, f"one process: no GPU for the {engine} engine ({why_none}); on "
-                              "the CPU one process serves the most (--workers N for more)")
+        if gpus is None and visible_gpus() == 0 and config.device == "auto":
+            return Layout(config, f"{on_cpu}; no GPU here")  # nothing to say of GPU runtimes
+        return Layout(config, f"one process on the CPU: no GPU for the {engine} engine"
+                              + (f" ({why_none})" if why_none else ""))
     indices = chosen_gpus(config, given, engine, found)
     cores = cores or len(os.sched_getaffinity(0))
     workers = max(len(indices), min(MAX_WORKERS, max(MIN_WORKERS, cores // CORES_PER_WORKER)))

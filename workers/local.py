@@ -58,7 +58,8 @@ def prime_shapes(buckets: tuple[int, ...], max_batch_tokens: int) -> list[tuple[
 
 
 def describe_serving(policy: BatchPolicy, engine: Engine | None) -> dict[str, Any]:
-    """The batching figures and (once loaded) the engine of a set of sessions, for stats:
+    """The batching figures and (once loaded) the engine of a set of sessions, for stats and
+    the start-up log (dispatch/serving_log.py):
     ``max_batch_size``, ``cost_model_ms`` and ``engine`` (type, device, precision, words,
     whether batches fill up to the caps on it (``device_bound``), whether the process's
     encodes release the GIL, and what it holds on its GPU (``device_mb``) where it knows)."""
@@ -170,21 +171,6 @@ class LocalBackend:
             self.memory_mb = round(max(0.0, after - before), 1)
         self._reaper.start()
         self._idle.start()
-        log.info("%s", self.ready_line())
-
-    def ready_line(self) -> str:
-        """The model's one start-up line: name, task, engine, precision, sessions, device,
-        and the memory it took."""
-        engine = self.engine
-        kind = engine.name if engine is not None else self.config.inference_engine_type
-        device = engine.device if engine is not None else self.device
-        precision = engine.precision if engine is not None else self.config.precision
-        shared = self.engines.shared is not None
-        sessions = self.config.num_inference_sessions
-        copies = "1 engine" if shared or sessions == 1 else f"{sessions} engines"
-        memory = f", {self.memory_mb:.0f} MB" if self.memory_mb is not None else ""
-        return (f"model {model_label(self.config)} ready: {self.info.task}, {kind} {precision} "
-                f"on {device}, {sessions} sessions ({copies}{memory})")
 
     def release_memory(self) -> None:
         """Give back the working memory of past batches: each distinct engine's, then the
@@ -270,6 +256,10 @@ class LocalBackend:
         out = describe_serving(self.policy, self.engine)
         if self.info.task == "qa" and "engine" in out:
             out["engine"]["span_search"] = span_search()
+        out["memory_mb"] = self.memory_mb
+        out["process_mb"] = resident_mb()
+        out["engines"] = 1 if self.engines.shared is not None else \
+            self.config.num_inference_sessions
         return out
 
     def stop(self, timeout: float) -> bool:

@@ -165,9 +165,13 @@ class ProcessBackend:
         return self.queue.purge(drop)
 
     def describe(self) -> dict[str, Any]:
-        """The first serving worker's engine and batching figures."""
+        """The first serving worker's engine and batching figures, and each worker process's
+        resident memory when it was ready (``workers_mb``)."""
         with self._cond:
-            return next((dict(h.describe) for h in self.handles if h.describe), {})
+            out = next((dict(h.describe) for h in self.handles if h.describe), {})
+            out["workers_mb"] = [h.describe.get("process_mb") if h.describe else None
+                                 for h in self.handles]
+        return out
 
     # -- dispatch ------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -248,7 +252,7 @@ class ProcessBackend:
             handle.on_ready(describe)
             self._cond.notify_all()
         self._pump()
-        log.info("model %s: worker %d (pid %d) serving on %s", self.model, handle.index,
+        log.debug("model %s: worker %d (pid %d) serving on %s", self.model, handle.index,
                  process.pid, handle.describe.get("engine", {}).get("device", handle.device))
 
     def _answered(self, handle: WorkerHandle, answers: list[pipe.Answer]) -> None:

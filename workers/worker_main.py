@@ -38,7 +38,7 @@ from typing import Any
 from engines import GIL_RETAKING
 from engines.model_dir import load_model_info
 from protocol.errors import InternalError, ServerError
-from settings.server_config import ServerConfig
+from settings.server_config import ServerConfig, configure_logging
 from tasks.encoding import release_gil
 from telemetry.stats import ServerStats
 from transport.bulk import BulkSender
@@ -114,8 +114,7 @@ def run_worker(config: ServerConfig, index: int, device: str, conn: Connection,
     model could not be loaded)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end drains, then stops us itself
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=log_level, format=(
-        f"%(asctime)s %(levelname)s worker-{index} %(threadName)s %(name)s: %(message)s"))
+    configure_logging(log_level, f"worker-{index}")
     scheduling = apply_cpu_scheduling(config.cpu_scheduling)  # before our threads: they inherit
     log.debug("CPU scheduling: %s", scheduling)
     stats = ServerStats()
