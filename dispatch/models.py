@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from engines.base import Engine
@@ -33,6 +34,7 @@ from settings.server_config import ServerConfig
 from tasks import task_class
 from telemetry.stats import ServerStats
 from workers.backend import Backend
+from workers.memory_plan import available_mb, plan_workers
 
 log = logging.getLogger(__name__)
 start_log = logging.getLogger("server")  # the start-up log's lines (dispatch/serving_log.py)
@@ -87,6 +89,13 @@ NO_MODEL = {"zero": ZERO_ENGINE_WARNING, "sim": SIM_ENGINE_WARNING}
 CONTROL_OPS = frozenset({PingRequest.op, StatsRequest.op, ModelsRequest.op, AuthRequest.op})
 
 
+def weights_mb(model_dir: str, onnx_file: str, engine_type: str) -> float:
+    """The size of the weights file an engine of ``engine_type`` loads, MB (0: none)."""
+    name = {"onnx": onnx_file, "pytorch": "model.safetensors"}.get(engine_type)
+    path = Path(model_dir) / name if name else None
+    return path.stat().st_size / 2**20 if path is not None and path.is_file() else 0.0
+
+
 def headline(warning: str | None) -> str:
     """A model's warning in one short line for the log: its first clause (up to the colon),
     and where the rest is said (the whole is in ``stats``, ``models`` and serving.json)."""
@@ -133,6 +142,21 @@ class ModelSet:
                 op=cls.op, stats=ServerStats(cls.op, self.stats), fields=dict(cls.fields))
         self.models = found
         self.task_ops = frozenset(m.op for m in self if m.op not in REQUEST_PARSERS)
+        self._plan_workers()
+
+    def _plan_workers(self) -> None:
+        """With ``--workers N`` (each worker process holding one model): N per model where the
+        memory holds them, fewer where it does not (workers/memory_plan.py); said in the log."""
+        cfg = self.config
+        if cfg.workers <= 1 or cfg.executors == "on" or cfg.broker is not None:
+            return
+        sizes = [weights_mb(m.config.model_dir, m.info.onnx_file, cfg.inference_engine_type)
+                 for m in self]
+        plan = plan_workers(cfg.workers, sizes, available_mb())
+        start_log.info("workers: %s", plan.why)
+        if plan.workers != cfg.workers:
+            for model in self:
+                model.config = replace(model.config, workers=plan.workers)
 
     def start(self, cancel: threading.Event | None = None,
               on_ready: Callable[[ServedModel], None] | None = None) -> None:
