@@ -1,7 +1,12 @@
 """settings/: the allowed values of the settings an implementation owns, and the checks only an
-implementation can make, reach the parser through the registry it is given (settings/choices.py)."""
+implementation can make, reach the parser through the registry it is given (settings/choices.py);
+README's options table gives the defaults --help gives."""
 
 from __future__ import annotations
+
+import re
+from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +56,27 @@ def test_a_registry_check_is_a_usage_error_after_settings_own_checks(
         parse_args(None, ["--port", "7", "--max_queue", "0"], registry=registry)
     assert "--max_queue must be at least 1" in capsys.readouterr().err
     assert [config.port for config in seen] == [8, 7]
+
+
+def _readme_defaults() -> dict[str, str]:
+    """{flag: default} of README's options table, where the default is one backticked value."""
+    table = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    return {flag: value for flag, value in
+            re.findall(r"^\| `(--[a-z_]+)` \| `([^`]*)` \|", table, flags=re.MULTILINE)}
+
+
+def test_the_readme_options_table_gives_the_defaults_help_gives() -> None:
+    defaults = {f.metadata.get("flag") or f"--{f.name}": f.default for f in fields(ServerConfig)}
+    documented = _readme_defaults()
+    assert "--pytorch_graph" in documented and "--max_queue" in documented
+    wrong = {flag: (value, defaults[flag]) for flag, value in documented.items()
+             if defaults[flag] is not None  # None: a default said in words (--http_port's 8000)
+             and value != str(defaults[flag]) and not _same_number(value, defaults[flag])}
+    assert not wrong, f"README's default against --help's: {wrong}"
+
+
+def _same_number(text: str, value: object) -> bool:
+    try:
+        return isinstance(value, int | float) and float(text) == float(value)
+    except ValueError:
+        return False
