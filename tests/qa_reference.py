@@ -17,7 +17,7 @@ runs a model and so needs the same weights (the served engines' answers).
 
 The file is written with transformers 4.57 (which has the pipeline), from the repository root:
 
-    HF_HUB_OFFLINE=1 python -m tests.test_qa_agreement --write
+    HF_HUB_OFFLINE=1 python -m tests.test_qa_stored_answers --write
 """
 
 from __future__ import annotations
