@@ -2,7 +2,8 @@
 the GPU), which gives the ceiling each trial is set against and the reference answers every
 trial's replies are checked against. On a CPU the ceiling is the better of one engine on every
 core (at batches 1, 4 and 16) and one engine of one thread per core, all at once (as the
-server's sessions run)."""
+server's sessions run). Each request's time alone, with the ceiling, is what the objective is
+derived from where the user gives none (tuning/choice.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.figures import percentile
 from bench.loadgen import Item
-from bench.raw import reference_answers, run_batches, run_parallel, task_requests
+from bench.raw import answer_batch, reference_answers, run_batches, run_parallel, task_requests
 from settings.server_config import ServerConfig
 from tasks import load_task
 
@@ -30,7 +32,8 @@ MAX_PARALLEL = 8
 
 @dataclass(frozen=True)
 class ModelAlone:
-    """The ceiling (requests/s at the best batch size), and each mix item's answer."""
+    """The ceiling (requests/s at the best batch size), each mix item's answer, and how long a
+    request alone takes (p50 and p99 over the mix, each answered by itself on every core)."""
 
     ceiling_rps: float
     best_batch: int
@@ -38,6 +41,20 @@ class ModelAlone:
     expected: list[dict[str, Any]]
     seconds: float  # what measuring it took, model load included
     parallel: tuple[int, float] | None = None  # CPU: (engines of one thread each, requests/s)
+    alone_p50_ms: float = 0.0
+    alone_p99_ms: float = 0.0
+
+    @property
+    def engines(self) -> int:
+        """The one-thread engines run at once (1 where none were)."""
+        return self.parallel[0] if self.parallel else 1
+
+    def in_flight_rates(self) -> dict[int, float]:
+        """Requests/s by requests in flight: each batch size's, and the engines' at once."""
+        rates = dict(self.per_batch_rps)
+        if self.parallel:
+            rates[self.parallel[0]] = max(rates.get(self.parallel[0], 0.0), self.parallel[1])
+        return rates
 
     def describe(self) -> str:
         """The figures in words."""
@@ -61,9 +78,8 @@ def measure_model(folder: str | Path, engine_kind: str, items: Sequence[Item],
     requests = task_requests(task, items)
     engine = load_engine(engine_kind, folder, threads=0, device=device)
     reference_answers(task, engine, requests[:1])  # the first run's set-up is not measured
-    started = time.perf_counter()
-    expected = reference_answers(task, engine, requests)
-    rates = {1: len(requests) / (time.perf_counter() - started)}
+    expected, seconds = _answer_each(task, engine, requests)
+    rates = {1: len(requests) / sum(seconds)}
     for size in BATCH_SIZES_GPU if gpu else BATCH_SIZES_CPU:
         count = max(2, math.ceil(MIN_REQUESTS / size))
         run_batches(task, engine, requests, size, 1, offset=0)  # this shape's first run
@@ -74,7 +90,20 @@ def measure_model(folder: str | Path, engine_kind: str, items: Sequence[Item],
     parallel = None if gpu or engines < 2 else \
         (engines, _parallel_rate(task, engine_kind, folder, requests, engines))
     ceiling = max(rates[best], parallel[1] if parallel else 0.0)
-    return ModelAlone(ceiling, best, rates, expected, time.perf_counter() - began, parallel)
+    ordered = sorted(1000.0 * s for s in seconds)
+    return ModelAlone(ceiling, best, rates, expected, time.perf_counter() - began, parallel,
+                      percentile(ordered, 50), percentile(ordered, 99))
+
+
+def _answer_each(task: Any, engine: Any,
+                 requests: Sequence[Any]) -> tuple[list[dict[str, Any]], list[float]]:
+    """Each request answered alone (the reference answers), and the seconds each took."""
+    answers, seconds = [], []
+    for request in requests:
+        started = time.perf_counter()
+        answers.append(answer_batch(task, engine, [request])[0])
+        seconds.append(time.perf_counter() - started)
+    return answers, seconds
 
 
 def _parallel_rate(task: Any, engine_kind: str, folder: str | Path,
