@@ -43,10 +43,31 @@ def trials_table(trials: Sequence[Trial], ceiling_rps: float, objective: Objecti
     return "\n".join(lines)
 
 
-def command_line(model_dir: str, fixed: Sequence[str], candidate: Candidate) -> str:
-    """The winner as a server command line."""
-    words = ["python", "server.py", "--model_dir", model_dir, *fixed, *candidate.flags()]
+def command_line(model_dir: str, fixed: Sequence[str], candidate: Candidate,
+                 server: Sequence[str] = ("python", "server.py")) -> str:
+    """The winner as a server command line, ``server`` its first words (``server_words``)."""
+    words = [*server, "--model_dir", model_dir, *fixed, *candidate.flags()]
     return shlex.join(words)
+
+
+def server_words(executable: str, script: str | Path, cwd: str | Path) -> list[str]:
+    """How to run ``script`` with the interpreter ``executable`` (``sys.executable``) from
+    ``cwd``, as a person types it: each path relative where it is under ``cwd``
+    (``.venv/bin/python server.py``), else as it is; ``python`` where the interpreter is
+    unknown (an empty ``executable``)."""
+    python = shown_path(executable, cwd) if executable else "python"
+    if Path(executable).is_absolute() and python == Path(python).name:
+        python = f"./{python}"  # in cwd itself: not the one a bare name finds on PATH
+    return [python, shown_path(script, cwd)]
+
+
+def shown_path(path: str | Path, cwd: str | Path) -> str:
+    """``path`` relative to ``cwd`` where it is under it, else as it is (symbolic links are
+    not followed: a virtual environment's interpreter is a link that must stay one)."""
+    try:
+        return str(Path(path).relative_to(cwd))
+    except ValueError:
+        return str(path)
 
 
 def settings_file(fixed: Sequence[tuple[str, Any]], candidate: Candidate,
