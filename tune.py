@@ -9,30 +9,36 @@ settings file for ``server.py --config FILE``.
 
 The objective: the most requests/s with p99 at most --p99_ms at --clients clients (closed
 loop), or the lowest p99 at --rate requests/s (open loop). The model alone is measured first:
-its ceiling, and its answer to each request of the mix, which every reply must match. Then
-successive halving: every candidate briefly, the best third three times as long, and so on,
-within --budget_s. Flags after ``--`` go to every trial's server as they are and are not
-searched. See docs/tuning.md.
+its ceiling, its answer to each request of the mix, which every reply must match, and how long
+a request alone takes. Where --p99_ms or --clients is not given, it is derived from those, so
+that the model can meet it on this machine (tuning/choice.py), and said. Then successive
+halving: every candidate briefly, the best third three times as long, and so on, within
+--budget_s. Flags after ``--`` go to every trial's server as they are and are not searched.
+See docs/tuning.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from bench.mix import DEFAULT_DATA
+from bench.servers import ROOT
 from server import setting_registry
 from settings.cli import HelpFormatter
+from tuning.choice import Asked, Chosen
 from tuning.model_alone import ModelAlone
 from tuning.objective import Objective, answered_all
 from tuning.progress import Progress
 from tuning.report import (
     command_line,
     plot_trials,
+    server_words,
     settings_file,
     trial_record,
     trials_table,
@@ -53,9 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a model folder or a repository, as server.py's")
     p.add_argument("--model", help="the repository's model to tune for (default: its only "
                                    "model, else the one named qa); the server serves them all")
-    p.add_argument("--p99_ms", type=float, default=200.0, help="the objective's p99 bound")
-    p.add_argument("--clients", type=int, default=32,
-                   help="closed loop: clients at once (open loop: connections)")
+    p.add_argument("--p99_ms", type=float,
+                   help="the objective's p99 bound (default: derived from the model alone, "
+                        "measured first, so that it can be met here; docs/tuning.md)")
+    p.add_argument("--clients", type=int,
+                   help="closed loop: clients at once (default: derived from the model alone); "
+                        "open loop: connections (default: 32)")
     p.add_argument("--rate", type=float,
                    help="open loop: the lowest p99 at this many requests/s (Poisson arrivals)")
     p.add_argument("--data", help="the request mix: JSON lines of {question, context} (or "
@@ -94,14 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     by how much), 2 on a usage error, a model that cannot run, a first trial that fails or a
     budget too small for one trial, 130 when interrupted (SIGINT or SIGTERM)."""
     args, fixed = parse_args(sys.argv[1:] if argv is None else argv)
-    objective = Objective(args.p99_ms, args.clients, args.rate)
+    asked = Asked(args.p99_ms, args.clients, args.rate)
     try:
-        plan = plan_from(args, fixed, objective, setting_registry())
+        plan = plan_from(args, fixed, asked, setting_registry())
     except SetupError as exc:
         print(f"tune: {exc}", file=sys.stderr)
         return 2
     print(f"tune: {plan.server.model_dir} on {plan.server.engine}, {plan.machine_words}; "
-          f"objective: {objective.describe()}; {len(plan.candidates)} candidates; budget "
+          f"objective: {asked.describe()}; {len(plan.candidates)} candidates; budget "
           f"{args.budget_s:g} s", flush=True)
     seen: dict[str, Any] = {"trials": []}
     was = signal.signal(signal.SIGTERM, _interrupt)  # a trial's server is stopped either way
@@ -112,12 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         if seen["trials"] and "model" in seen:
-            print(trials_table(seen["trials"], seen["model"].ceiling_rps, objective))
+            print(trials_table(seen["trials"], seen["model"].ceiling_rps,
+                               seen["chosen"].objective))
         print("tune: interrupted", file=sys.stderr)
         return 130
     finally:
         signal.signal(signal.SIGTERM, was)
-    return _report(outcome, plan, args, fixed, objective)
+    return _report(outcome, plan, args, fixed)
 
 
 def _interrupt(signum: int, _frame: Any) -> None:
@@ -130,9 +140,11 @@ def _run(plan: Plan, args: argparse.Namespace, seen: dict[str, Any]) -> Outcome:
     """Tune, with a progress bar; the model alone and each trial go into ``seen`` as they
     come."""
     with Progress(args.budget_s, not args.no_progress) as progress:
-        def on_model(model: ModelAlone) -> None:
-            seen["model"] = model
-            progress.say(f"the model alone: {model.ceiling_rps:.1f} req/s")
+        def on_model(model: ModelAlone, chosen: Chosen) -> None:
+            seen["model"], seen["chosen"] = model, chosen
+            objective = chosen.objective
+            progress.say(f"the model alone: {model.ceiling_rps:.1f} req/s; objective: p99 <= "
+                         f"{objective.p99_ms:g} ms")
 
         def on_trial(trial: Trial) -> None:
             seen["trials"].append(trial)
@@ -142,11 +154,12 @@ def _run(plan: Plan, args: argparse.Namespace, seen: dict[str, Any]) -> Outcome:
         return tune(plan, on_trial=on_trial, on_model=on_model)
 
 
-def _report(outcome: Outcome, plan: Plan, args: argparse.Namespace, fixed: list[str],
-            objective: Objective) -> int:
-    """Print the trials and the winner, write the files asked for; the exit status."""
-    model, winner = outcome.model, outcome.winner
+def _report(outcome: Outcome, plan: Plan, args: argparse.Namespace, fixed: list[str]) -> int:
+    """Print the objective, the trials and the winner, write the files asked for; the exit
+    status."""
+    model, winner, objective = outcome.model, outcome.winner, outcome.chosen.objective
     print(f"\nthe model alone (in-process): {model.describe()}")
+    print("\n".join(outcome.chosen.why))
     print(trials_table(outcome.trials, model.ceiling_rps, objective))
     for note in outcome.notes:
         print(f"note: {note}")
@@ -169,7 +182,7 @@ def _report(outcome: Outcome, plan: Plan, args: argparse.Namespace, fixed: list[
         status = 1
         print(f"nothing meets the objective ({objective.describe()}): the best is trial "
               f"{winner.number}, and {objective.shortfall(figures)}")
-    print(f"\n  {command_line(args.model_dir, fixed, winner.candidate)}")
+    print(f"\n  {command_line(args.model_dir, fixed, winner.candidate, _server_words())}")
     _write_files(outcome, plan, args, objective, recommend=True)
     return status
 
@@ -179,17 +192,20 @@ def _write_files(outcome: Outcome, plan: Plan, args: argparse.Namespace,
     """--out (where there is a winner to ``recommend``), --json and --plot."""
     winner = outcome.winner
     if args.out and recommend and winner is not None and winner.figures is not None:
-        header = [f"qa-tune's winner for {args.model_dir}: {objective.describe()}",
+        use = shlex.join([*_server_words(), "--config", args.out])
+        header = [f"qa-tune's winner for {args.model_dir}", *outcome.chosen.why,
                   f"measured {winner.figures['throughput_rps']:.1f} req/s, p99 "
-                  f"{winner.figures['p99_ms']:.0f} ms ({verdict(winner, objective)}); "
-                  "use: python server.py --config FILE (flags given there win)"]
+                  f"{winner.figures['p99_ms']:.0f} ms ({verdict(winner, objective)})",
+                  f"use: {use} (flags given there win)"]
         Path(args.out).write_text(settings_file(plan.fixed_settings, winner.candidate, header),
                                   encoding="utf-8")
         print(f"wrote the winner's settings to {Path(args.out).resolve()} "
-              f"(server.py --config {args.out})")
+              f"({use})")
     if args.json:
         document: dict[str, Any] = {
-            "tool": "tune.py", "objective": vars(objective), "budget_s": args.budget_s,
+            "tool": "tune.py", "objective": vars(objective),
+            "objective_derived": list(outcome.chosen.derived),
+            "objective_why": list(outcome.chosen.why), "budget_s": args.budget_s,
             "seconds": outcome.seconds, "data": str(args.data or DEFAULT_DATA),
             "model_alone": {k: v for k, v in vars(outcome.model).items() if k != "expected"},
             "candidates": [dict(c.settings) for c in plan.candidates],
@@ -201,6 +217,12 @@ def _write_files(outcome: Outcome, plan: Plan, args: argparse.Namespace,
         plot_trials(args.plot, outcome.trials, objective, winner if recommend else None,
                     f"qa-tune: {args.model_dir}, {plan.machine_words}; {objective.describe()}")
         print(f"wrote the plot to {Path(args.plot).resolve()}")
+
+
+def _server_words() -> list[str]:
+    """The server as the user starts it from here: this interpreter, and the server.py the
+    trials ran, each relative to the current folder where it is under it."""
+    return server_words(sys.executable, ROOT / "server.py", Path.cwd())
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ answer check."""
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,11 +19,12 @@ from bench.answers import WRONG_ANSWER, agrees
 from bench.mix import load_pairs
 from bench.raw import load_raw_task, reference_answers, task_requests
 from bench.runs import run_closed_loop
-from bench.servers import start_server, stop_servers
+from bench.servers import ROOT, start_server, stop_servers
 from bench.tune_vs_grid import compare
 from server import setting_registry
 from settings.server_config import given_settings, parse_args
 from tuning.objective import Objective
+from tuning.report import server_words
 from tuning.search import BudgetTooSmall, Search, plan, rung_counts, winner
 from tuning.space import Candidate, Machine, search_space
 from tuning.trial import Load, Server, Trial
@@ -30,6 +33,8 @@ from tuning.trial import Load, Server, Trial
 FEW = ["--", "--workers", "1", "--threads_per_session", "1"]
 #: And the batching modes alone: 4 candidates.
 MODES = [*FEW, "--num_inference_sessions", "1"]
+#: The winner's server as the tuner names it: this interpreter, the checkout's server.py.
+SERVER = shlex.join(server_words(sys.executable, ROOT / "server.py", Path.cwd()))
 
 
 def run_tune(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -57,7 +62,8 @@ def test_a_tiny_model_s_tuning_ends_with_a_winner_the_server_reads(
     assert winner["rung"] == max(t["rung"] for t in trials)
     assert plot.stat().st_size > 10_000
     # the winner: a command line, and a file server.py --config reads, its flags winning
-    assert "python server.py --model_dir" in text and "--workers 1" in text
+    assert f"\n  {SERVER} --model_dir" in text and "--workers 1" in text
+    assert f"# use: {SERVER} --config {out} (flags given there win)" in out.read_text()
     settings = tomllib.loads(out.read_text())
     assert settings == {"workers": 1, "num_inference_sessions": 1, "threads_per_session": 1,
                         **winner["settings"]}
@@ -66,6 +72,25 @@ def test_a_tiny_model_s_tuning_ends_with_a_winner_the_server_reads(
     assert (read.workers, read.num_inference_sessions) == (1, 1)
     assert read.batching == settings["batching"] and read.max_batch_size == 5
     assert set(settings) <= given_settings(["--config", str(out)], registry)
+
+
+def test_with_no_objective_given_it_derives_one_from_the_model_alone_and_says_why(
+        tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, record = tmp_path / "tuned.toml", tmp_path / "trials.json"
+    status, text, _ = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s", "15",
+                               "--out", str(out), "--json", str(record), *MODES,
+                               "--batching", "off")  # one candidate
+    document = json.loads(record.read_text())
+    objective, why = document["objective"], document["objective_why"]
+    assert document["objective_derived"] == ["clients", "p99_ms"]
+    assert objective["rate"] is None and objective["clients"] >= 2
+    assert "objective: derived from the model alone;" in text  # before it is measured
+    assert why[0].startswith(f"objective: the most requests/s at {objective['clients']} "
+                             "clients, 2 x the ")
+    assert why[1].startswith(f"  with p99 at most {objective['p99_ms']:g} ms: 2 x (its p99 alone")
+    assert "\n".join(why) in text and all(len(line) <= 120 for line in why)
+    assert [f"# {line}" for line in why] == out.read_text().splitlines()[1:3]
+    assert status == 0, text  # the tiny model meets what it was derived to meet
 
 
 def test_an_objective_nothing_meets_says_so_and_by_how_much(
@@ -77,7 +102,7 @@ def test_an_objective_nothing_meets_says_so_and_by_how_much(
     assert "nothing meets the objective (the most requests/s with p99 at most 0.01 ms at 2 " \
            "clients)" in text
     assert "the objective's 0.01 ms" in text and "x the objective" in text
-    assert "misses" in text and "python server.py" in text  # the closest, still given
+    assert "misses" in text and f"{SERVER} --model_dir" in text  # the closest, still given
 
 
 def test_the_open_loop_objective_is_the_lowest_p99_at_a_rate(

@@ -16,9 +16,9 @@ from settings.server_config import (
     given_settings,
     setting_flags,
 )
-from tuning.objective import Objective
+from tuning.choice import Asked
 from tuning.space import Machine, search_space
-from tuning.trial import Load, Server
+from tuning.trial import Server
 from tuning.tuner import Plan
 
 #: Engines whose answers are random: their trials' answers are not checked.
@@ -37,9 +37,9 @@ class SetupError(Exception):
     """What tune.py was asked cannot be tuned: said in one line."""
 
 
-def plan_from(args: argparse.Namespace, fixed: list[str], objective: Objective,
+def plan_from(args: argparse.Namespace, fixed: list[str], asked: Asked,
               registry: SettingRegistry) -> Plan:
-    """The plan of tune.py's ``args`` and the server flags ``fixed``.
+    """The plan of tune.py's ``args``, the objective ``asked`` and the server flags ``fixed``.
 
     Raises:
         SetupError: a fixed flag server.py refuses or the tuner owns, no model to tune, a model
@@ -60,14 +60,14 @@ def plan_from(args: argparse.Namespace, fixed: list[str], objective: Objective,
         items = load_mix(task, args.data)[:MAX_ITEMS]
     except (OSError, ValueError) as exc:
         raise SetupError(f"--data: {exc}") from None
-    load = Load(objective, items, None, op=task, model=name if several else None)
     server = Server(args.model_dir, engine, tuple(fixed), cwd=Path.cwd())
-    return Plan(server, str(folder), items, load, config,
+    return Plan(server, str(folder), items, asked, config,
                 search_space(machine, {k: getattr(config, k) for k in given}), args.budget_s,
                 device=device or "auto", gpu=machine.gpus > 0,
                 grid_load_s=args.trial_s if args.search == "grid" else None,
                 machine_words=machine.describe(), check_answers=engine not in RANDOM_ENGINES,
-                fixed_settings=_as_file_settings(config, given))
+                fixed_settings=_as_file_settings(config, given), op=task,
+                model_name=name if several else None)
 
 
 def _as_file_settings(config: ServerConfig, given: set[str]) -> tuple[tuple[str, Any], ...]:

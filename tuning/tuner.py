@@ -1,15 +1,17 @@
-"""A whole tuning run: the model alone first (the ceiling and the reference answers), a probe
-trial of the likeliest candidate (what a trial costs), then the search."""
+"""A whole tuning run: the model alone first (the ceiling, the reference answers, and the
+objective where the user gives none), a probe trial of the likeliest candidate (what a trial
+costs), then the search."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from bench.loadgen import Item
 from settings.server_config import ServerConfig
+from tuning.choice import Asked, Chosen, choose_objective
 from tuning.model_alone import ModelAlone, measure_model
 from tuning.search import ETA, MIN_LOAD_S, BudgetTooSmall, Search, grid, halving, rung_counts
 from tuning.space import Candidate
@@ -23,7 +25,7 @@ class Plan:
     server: Server
     folder: str  # the model loaded (a repository's: the one the requests name)
     items: Sequence[Item]
-    load: Load  # its ``expected`` is filled in from the model alone
+    asked: Asked  # the objective as given; what is not given is derived from the model alone
     config: ServerConfig  # the server's settings under the fixed flags: the task's, for one
     candidates: Sequence[Candidate]
     budget_s: float
@@ -34,13 +36,17 @@ class Plan:
     check_answers: bool = True  # false for engines that answer at random (zero, sim)
     #: the fixed flags' settings as a --config file names them (flag without dashes, value)
     fixed_settings: tuple[tuple[str, Any], ...] = ()
+    op: str = "qa"  # the op every request sends
+    model_name: str | None = None  # the model requests name (a repository's; None: the only one)
 
 
 @dataclass
 class Outcome:
-    """What the run found: the winner (None: no trial ran), every trial, and notes."""
+    """What the run found: the objective, the winner (None: no trial ran), every trial, and
+    notes."""
 
     model: ModelAlone
+    chosen: Chosen
     winner: Trial | None
     trials: list[Trial]
     notes: list[str] = field(default_factory=list)
@@ -48,8 +54,9 @@ class Outcome:
 
 
 def tune(plan: Plan, *, on_trial: Callable[[Trial], None] | None = None,
-         on_model: Callable[[ModelAlone], None] | None = None) -> Outcome:
-    """Run the tuning ``plan``.
+         on_model: Callable[[ModelAlone, Chosen], None] | None = None) -> Outcome:
+    """Run the tuning ``plan``: the model alone, the objective (as asked, the rest derived
+    from the model alone), then the trials.
 
     Raises:
         BudgetTooSmall: the budget holds not even one trial (what it holds is said).
@@ -62,16 +69,20 @@ def tune(plan: Plan, *, on_trial: Callable[[Trial], None] | None = None,
     except Exception as exc:  # noqa: BLE001 - any failure to load or run it: said, exit 2
         raise RuntimeError(f"the model alone could not run: {type(exc).__name__}: {exc}") \
             from exc
+    chosen = choose_objective(plan.asked, ceiling_rps=model.ceiling_rps,
+                              alone_p99_ms=model.alone_p99_ms, rates=model.in_flight_rates(),
+                              engines=model.engines)
     if on_model is not None:
-        on_model(model)
-    load = replace(plan.load, expected=model.expected if plan.check_answers else None)
+        on_model(model, chosen)
+    load = Load(chosen.objective, plan.items, model.expected if plan.check_answers else None,
+                op=plan.op, model=plan.model_name)
     search = Search(plan.server, load, plan.budget_s, started=began, on_trial=on_trial)
     if not plan.check_answers:
         search.notes.append(f"answers were not checked: the {plan.server.engine} engine "
                             "answers at random")
     if plan.grid_load_s is not None:
         winner = grid(search, plan.candidates, plan.grid_load_s)
-        return Outcome(model, winner, search.trials, search.notes,
+        return Outcome(model, chosen, winner, search.trials, search.notes,
                        time.perf_counter() - began)
     probe = _probe(search, plan.candidates[0], model)
     winner = probe
@@ -81,7 +92,8 @@ def tune(plan: Plan, *, on_trial: Callable[[Trial], None] | None = None,
         search.notes.append(f"the budget held the probe only: give --budget_s "
                             f"{_enough(search, len(plan.candidates)):.0f} or more to search "
                             f"all {len(plan.candidates)} candidates")
-    return Outcome(model, winner, search.trials, search.notes, time.perf_counter() - began)
+    return Outcome(model, chosen, winner, search.trials, search.notes,
+                   time.perf_counter() - began)
 
 
 def _probe(search: Search, candidate: Candidate, model: ModelAlone) -> Trial:
