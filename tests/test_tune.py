@@ -87,7 +87,7 @@ def test_with_no_objective_given_it_derives_one_from_the_model_alone_and_says_wh
     assert "objective: derived from the model alone;" in text  # before it is measured
     assert why[0].startswith(f"objective: the most requests/s at {objective['clients']} "
                              "clients, 2 x the ")
-    assert why[1].startswith(f"  with p99 at most {objective['p99_ms']:g} ms: 2 x (its p99 alone")
+    assert why[1].startswith(f"  with p99 at most {objective['p99_ms']:g} ms: 3 x (its p99 alone")
     assert "\n".join(why) in text and all(len(line) <= 120 for line in why)
     assert [f"# {line}" for line in why] == out.read_text().splitlines()[1:3]
     assert status == 0, text  # the tiny model meets what it was derived to meet

@@ -50,7 +50,7 @@ def test_the_requests_in_flight_are_the_fewest_near_the_ceiling_one_per_engine_a
 def test_the_bound_is_an_ideal_server_s_worst_case_with_headroom_rounded_up() -> None:
     assert queue_ms(4, 20.0) == pytest.approx(150.0)  # 3 ahead at 20 req/s
     assert queue_ms(1, 20.0) == 0.0
-    assert closed_loop_p99_ms(170.4, 4, 19.3) == 710.0  # 2 x (170.4 + 155.4) + 50 = 701.7
+    assert closed_loop_p99_ms(170.4, 4, 19.3) == 1100.0  # 3 x (170.4 + 155.4) + 50 = 1027.5
     ideal = 170.4 + queue_ms(4, 19.3)
     assert closed_loop_p99_ms(170.4, 4, 19.3) >= HEADROOM * ideal + SERVER_MS
     assert [round_up(v) for v in (656.0, 2754.0, 45.3, 660.0, 5.31, 0.0)] == \
@@ -67,15 +67,15 @@ def test_the_open_loop_bound_adds_a_queue_s_p99_wait_at_the_rate() -> None:
 
 def test_with_nothing_given_the_objective_is_derived_and_said_in_two_short_lines() -> None:
     chosen = choose_objective(Asked(), **TWO_CORES)
-    assert chosen.objective == Objective(710.0, 4)  # not 200 ms at 32 clients: out of reach
+    assert chosen.objective == Objective(1100.0, 4)  # not 200 ms at 32 clients: out of reach
     assert chosen.derived == ("clients", "p99_ms")
     first, second = chosen.why
     assert first.startswith("objective: the most requests/s at 4 clients, 2 x the 2 in flight")
     assert "19.3 req/s ceiling" in first
-    assert second == "  with p99 at most 710 ms: 2 x (its p99 alone, 170 ms, + 3 requests " \
+    assert second == "  with p99 at most 1100 ms: 3 x (its p99 alone, 170 ms, + 3 requests " \
                      "ahead at 19.3 req/s, 155 ms) + 50 ms"
     gpu = choose_objective(Asked(), **GPU)
-    assert gpu.objective == Objective(180.0, 64)  # 2 x (12.3 + 51.0) + 50 = 176.7
+    assert gpu.objective == Objective(240.0, 64)  # 3 x (12.3 + 51.0) + 50 = 240.0
     for lines in (chosen.why, gpu.why):
         assert all(len(line) <= 120 for line in lines), lines
 
