@@ -43,6 +43,14 @@ def with_config_file(argv: list[str], flags: Collection[str]) -> list[str]:
     return rest if path is None else [*file_args(path, flags), *rest]
 
 
+def config_file_named(argv: list[str]) -> str | None:
+    """The file ``--config`` names on ``argv`` (None: none, or not one file once)."""
+    try:
+        return _split(argv)[0]
+    except ConfigFileError:
+        return None
+
+
 def _split(argv: list[str]) -> tuple[str | None, list[str]]:
     paths, rest, words = [], [], iter(argv)
     for word in words:

@@ -19,7 +19,12 @@ from protocol import DEFAULT_MAX_FRAME_SIZE
 from protocol.limits import FieldLimits
 from settings.choices import OWNED, Owned, SettingRegistry
 from settings.cli import HelpFormatter
-from settings.config_file import CONFIG_FLAG, ConfigFileError, with_config_file
+from settings.config_file import (
+    CONFIG_FLAG,
+    ConfigFileError,
+    config_file_named,
+    with_config_file,
+)
 from settings.problems import config_problems
 
 
@@ -280,12 +285,14 @@ def parse_args(description: str | None, argv: list[str] | None = None, *,
     """Command-line options (and a ``--config`` file's, under them) -> ServerConfig (one flag
     per config field); sets up logging."""
     parser = full_parser(description, registry)
+    given = sys.argv[1:] if argv is None else argv
     try:
-        argv = with_config_file(sys.argv[1:] if argv is None else argv, flags_of(parser))
+        argv = with_config_file(given, flags_of(parser))
     except ConfigFileError as exc:
         parser.error(str(exc))
     args = vars(parser.parse_args(argv))
-    config_file = args.pop("config")
+    args.pop("config")
+    config_file = config_file_named(given)
     configure_logging(args.pop("log_level"))
     if config_file is not None:
         logging.getLogger("server").info("settings read from %s (flags given beside it win)",

@@ -41,6 +41,18 @@ def test_the_file_s_settings_are_read_and_the_command_line_wins(tmp_path: Path) 
     assert "workers" not in given_settings(["--config", config], registry)
 
 
+def test_the_log_says_the_file_was_read(tmp_path: Path,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    config = write(tmp_path / "tuned.toml", "num_inference_sessions = 3\n")
+    with caplog.at_level("INFO", logger="server"):
+        parse_args(None, ["--config", config], registry=setting_registry())
+    assert f"settings read from {config} (flags given beside it win)" in caplog.messages
+    caplog.clear()
+    with caplog.at_level("INFO", logger="server"):
+        parse_args(None, [], registry=setting_registry())
+    assert not any("settings read" in m for m in caplog.messages)
+
+
 @pytest.mark.parametrize(("text", "words"), [
     ("sessions = 2\n", "'sessions' is no setting of the server"),
     ("config = 'other.toml'\n", "'config' is no setting of the server"),
