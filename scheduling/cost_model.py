@@ -7,9 +7,15 @@ runs on costs, so estimates rise in steps, as the device's time does. Likewise i
 (``Engine.length_steps``): 30 tokens run as the 64-token graph and cost what 36 do. Each bucket
 keeps its most recent measurements and answers with their lower median, so one outlier (a pause,
 a noisy neighbour, a batch held up elsewhere) cannot swing a decision: noise only ever adds
-time. ``estimate`` interpolates over rows at the nearest measured length and scales by the tokens
-ratio, so a model warmed on a few shapes can rank any candidate batch. Pure Python, thread-safe;
-it knows nothing of engines or sockets.
+time. For the same reason, at each length no batch is held as cheaper than a smaller one
+(``monotone``): a bigger batch measured cheaper means the smaller one's figure was inflated (a
+warm-up beside other processes warming up, a live batch in a busy spell), so that figure is
+left out while a bigger batch undercuts it. The shape is then estimated from the bigger
+batches (proportionally below the smallest held), which leans towards running it on its own,
+where it is measured again: learning corrects the figure rather than batching on the strength
+of it forever. ``estimate`` interpolates over rows at the nearest measured length and scales by
+the tokens ratio, so a model warmed on a few shapes can rank any candidate batch. Pure Python,
+thread-safe; it knows nothing of engines or sockets.
 """
 
 from __future__ import annotations
@@ -50,7 +56,8 @@ class CostModel:
         self._samples: dict[tuple[int, int], deque[float]] = {}
         self._seconds: dict[tuple[int, int], float] = {}  # lower median of each bucket's samples
         self._prior: set[tuple[int, int]] = set()  # buckets holding warm-up samples only
-        self._curves: dict[int, list[tuple[int, float]]] = {}  # length: (rows, seconds) by rows
+        # by length: (rows, seconds) by rows, held monotone in rows (what estimates and stats use)
+        self._curves: dict[int, list[tuple[int, float]]] = {}
         self._nearest_length: dict[int, int] = {}  # length asked for: nearest measured length
         # estimates since the last observation: batch after batch, planning (and a broker
         # worker's pull size) asks for the same few shapes
@@ -101,8 +108,8 @@ class CostModel:
             self._seconds[key] = sorted(samples)[(len(samples) - 1) // 2]
             if key[1] not in self._curves:
                 self._nearest_length.clear()  # a new length may be nearer to some
-            self._curves[key[1]] = sorted((r, seconds) for (r, n), seconds in self._seconds.items()
-                                          if n == key[1])
+            self._curves[key[1]] = monotone(sorted(
+                (r, seconds) for (r, n), seconds in self._seconds.items() if n == key[1]))
             self._estimates.clear()
 
     def estimate(self, rows: int, length: int) -> float | None:
@@ -125,9 +132,24 @@ class CostModel:
         return _interpolate(self._curves[length], rows) * want / length
 
     def table(self) -> dict[str, float]:
-        """Measured buckets as {"ROWSxLENGTH": milliseconds per batch}, for stats."""
+        """Measured buckets as {"ROWSxLENGTH": milliseconds per batch}, those held (none that
+        a bigger batch of its length undercuts), for stats."""
         with self._lock:
-            return {f"{r}x{n}": 1000 * s for (r, n), s in sorted(self._seconds.items())}
+            return {f"{r}x{n}": 1000 * s for n, curve in sorted(self._curves.items())
+                    for r, s in curve}
+
+
+def monotone(curve: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """``curve`` ((rows, seconds), rows ascending) less every point that a bigger batch's
+    figure undercuts: seconds never fall as rows grow. Noise only adds time, so where a bigger
+    batch measured cheaper, the smaller one's figure is the inflated one."""
+    held: list[tuple[int, float]] = []
+    least = math.inf
+    for rows, seconds in reversed(curve):
+        if seconds <= least:
+            held.append((rows, seconds))
+            least = seconds
+    return held[::-1]
 
 
 def _ascending(steps: Sequence[int] | None) -> tuple[int, ...]:
