@@ -21,6 +21,11 @@ from transport.coalesce import coalesced_sends
 
 log = logging.getLogger(__name__)
 
+#: Runs of each warm-up shape; the fastest counts.
+WARMUP_RUNS = 3
+#: Times a warm-up shape is timed again while a bigger batch of its length times cheaper.
+WARMUP_RETIMES = 2
+
 
 class BatchTask(Protocol):
     """What a session needs of a task (tasks/base.py's Task has it)."""
@@ -148,9 +153,10 @@ class InferenceSession(threading.Thread):
 
         For each warm-up length, rows double from 1 while the time per row keeps falling by at
         least MIN_GAIN (and within the policy's caps): where batching does not pay this stops at
-        2 rows, where it pays it goes up to the cap. Each shape runs twice; the faster time
+        2 rows, where it pays it goes up to the cap. Each shape runs several times; the fastest
         (free of a first run's allocations and of noise, which only add) goes into the cost
-        model.
+        model, a smaller shape timed dearer than a bigger one being timed again
+        (``time_shapes``).
         """
         outputs = engine.run(dummy_feeds(engine.input_names, 1, 16))  # first run allocates
         check = getattr(self.task, "check_outputs", None)  # optional in the task contract
@@ -238,25 +244,47 @@ def time_shapes(engine: Engine, policy: BatchPolicy, lengths: Sequence[int],
                 stopped: Callable[[], bool] = lambda: False) -> None:
     """Time the batch shapes batching will use, into ``policy``'s cost model (warm-up): at
     each length, rows double from 1 while the time per row keeps falling by at least MIN_GAIN,
-    within the policy's caps. Each shape runs twice; the faster time (free of a first run's
-    allocations and of noise, which only add) counts. Ends early once ``stopped()``."""
-    cap, budget = policy.cap, policy.max_tokens
+    within the policy's caps. Each shape runs WARMUP_RUNS times and the fastest counts (a first
+    run's allocations and noise only add). A smaller batch timed dearer than a bigger one ran
+    while the machine was busy (other processes warming up): it is timed again, up to
+    WARMUP_RETIMES times. Ends early once ``stopped()``."""
     for length in lengths:
-        best, rows = float("inf"), 1
-        while rows <= cap and (not budget or rows * length <= budget or rows == 1):
-            if stopped():
-                return
-            feeds = dummy_feeds(engine.input_names, rows, length)
-            seconds = float("inf")
-            for _ in range(2):
-                started = time.monotonic()
-                engine.run(feeds)
-                seconds = min(seconds, batch_cost(engine, time.monotonic() - started))
-            if policy.cost is not None:
+        timed = _time_length(engine, policy, length, stopped)
+        if policy.cost is not None:
+            for rows, seconds in timed.items():
                 policy.cost.observe(rows, length, seconds, warmup=True)
-            if seconds / rows > best * (1 - MIN_GAIN):
-                break  # bigger batches stopped paying clearly at this length
-            best, rows = seconds / rows, rows * 2
+
+
+def _time_length(engine: Engine, policy: BatchPolicy, length: int,
+                 stopped: Callable[[], bool]) -> dict[int, float]:
+    """{rows: seconds} of the shapes timed at ``length`` (see ``time_shapes``)."""
+    cap, budget = policy.cap, policy.max_tokens
+    timed: dict[int, float] = {}
+    rows = 1
+    while rows <= cap and (not budget or rows * length <= budget or rows == 1) and not stopped():
+        timed[rows] = _fastest(engine, rows, length)
+        for _ in range(WARMUP_RETIMES):
+            undercut = [r for r in timed if r < rows and timed[r] > timed[rows]]
+            for smaller in undercut:
+                timed[smaller] = min(timed[smaller], _fastest(engine, smaller, length))
+            if not undercut:
+                break
+        best = min((timed[r] / r for r in timed if r < rows), default=float("inf"))
+        if timed[rows] / rows > best * (1 - MIN_GAIN):
+            break  # bigger batches stopped paying clearly at this length
+        rows *= 2
+    return timed
+
+
+def _fastest(engine: Engine, rows: int, length: int) -> float:
+    """The least cost of WARMUP_RUNS runs of a batch of ``rows`` x ``length``."""
+    feeds = dummy_feeds(engine.input_names, rows, length)
+    seconds = float("inf")
+    for _ in range(WARMUP_RUNS):
+        started = time.monotonic()
+        engine.run(feeds)
+        seconds = min(seconds, batch_cost(engine, time.monotonic() - started))
+    return seconds
 
 
 def batch_cost(engine: Engine, wall_s: float) -> float:

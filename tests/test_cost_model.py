@@ -1,13 +1,20 @@
-"""The cost model holds no batch as cheaper than a smaller one of its length: plain numbers."""
+"""The cost model holds no batch as cheaper than a smaller one of its length, and warm-up
+timing keeps the figures a busy machine would inflate out of it: plain numbers, and an engine
+whose times the test gives."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engines.base import Engine
 from scheduling.cost_model import CostModel, monotone
 from scheduling.planner import BatchPolicy, worth_batching
+from scheduling.session import WARMUP_RETIMES, WARMUP_RUNS, time_shapes
 
 
 @pytest.mark.parametrize("warmup", [True, False], ids=["warm-up", "learned"])
@@ -59,3 +66,51 @@ def test_estimates_never_fall_as_rows_grow(observed: list[tuple[int, int, float,
         figures = [ms for _, ms in sorted(points)]
         assert figures == sorted(figures)
 
+
+# -- warm-up ------------------------------------------------------------------------------------
+
+class ScriptedEngine(Engine):
+    """Reports the device time the test scripts for each run of a shape (the last one again
+    once a shape's script runs out); records every shape it ran."""
+
+    name = "scripted"
+
+    def __init__(self, script: Mapping[tuple[int, int], list[float]]) -> None:
+        self.script = {shape: list(times) for shape, times in script.items()}
+        self.input_names = ("input_ids", "attention_mask")
+        self.ran: list[tuple[int, int]] = []
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows, length = feeds["input_ids"].shape
+        self.ran.append((rows, length))
+        times = self.script[(rows, length)]
+        self.device_s = times.pop(0) if len(times) > 1 else times[0]
+        logits = np.zeros((rows, length), dtype=np.float32)
+        return {"start_logits": logits, "end_logits": logits.copy()}
+
+
+def warmed(script: Mapping[tuple[int, int], list[float]]) -> tuple[CostModel, ScriptedEngine]:
+    cost, engine = CostModel(), ScriptedEngine(script)
+    time_shapes(engine, BatchPolicy(mode="auto", max_items=32, cost=cost), [64])
+    return cost, engine
+
+
+def test_warm_up_keeps_the_fastest_of_its_runs_of_a_shape() -> None:
+    cost, engine = warmed({(1, 64): [0.050, 0.012, 0.010, 0.030], (2, 64): [0.040]})
+    assert engine.ran.count((1, 64)) == WARMUP_RUNS
+    assert cost.table() == {"1x64": pytest.approx(10.0), "2x64": pytest.approx(40.0)}
+
+
+def test_a_smaller_shape_a_bigger_one_undercuts_is_timed_again() -> None:
+    busy, idle = [0.030] * WARMUP_RUNS, [0.010]
+    cost, engine = warmed({(1, 64): busy + idle, (2, 64): [0.018], (4, 64): [0.040]})
+    assert engine.ran.count((1, 64)) == 2 * WARMUP_RUNS  # once more, with the machine its own
+    assert cost.table() == {"1x64": pytest.approx(10.0), "2x64": pytest.approx(18.0),
+                            "4x64": pytest.approx(40.0)}  # 4 rows stopped paying: the end
+
+
+def test_a_shape_busy_through_every_retime_is_left_out_of_the_cost_model() -> None:
+    cost, engine = warmed({(1, 64): [0.030], (2, 64): [0.018], (4, 64): [0.040]})
+    assert engine.ran.count((1, 64)) == (1 + WARMUP_RETIMES) * WARMUP_RUNS
+    assert cost.table() == {"2x64": pytest.approx(18.0), "4x64": pytest.approx(40.0)}
+    assert cost.estimate(1, 64) == pytest.approx(0.009)  # no cheaper per row than 2 rows
