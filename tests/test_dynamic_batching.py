@@ -20,7 +20,9 @@ from engines.base import Engine
 from scheduling.cost_model import CostModel
 from scheduling.planner import BatchPolicy
 from scheduling.queue import WorkItem, WorkQueue
+from scheduling.session import InferenceSession
 from server import InferenceServer, ServerConfig
+from tasks.qa import QATask
 from tests.helpers import CONTEXTS, QUESTIONS
 
 
@@ -272,3 +274,72 @@ def test_one_outlier_does_not_move_a_bucket_with_history() -> None:
         cost.observe(1, 64, 0.010)
     cost.observe(1, 64, 0.500)  # a pause
     assert cost.estimate(1, 64) == pytest.approx(0.010)
+
+
+# -- learning corrects the warm-up's figures --------------------------------------------------------
+
+def warm_then_burst(model_dir: Path, engine: TimedEngine, count: int,
+                    settle: Callable[[], None]) -> tuple[list[int], dict[str, float], dict]:
+    """One auto-batching session on ``engine``, warmed up at the length of the burst to come;
+    ``settle`` runs once it is ready (what changes between warm-up and serving). It is then
+    held on a longer request (another length: its figure stays apart) while ``count`` like
+    requests queue, and let go. The rows of each burst batch in order, and the cost model's
+    table after warm-up and at the end."""
+    task = QATask.from_dir(model_dir)
+    burst, long = task.preprocess(QUESTIONS[0], CONTEXTS[0]), \
+        task.preprocess(QUESTIONS[0], " ".join(CONTEXTS * 3))
+    length = task.padded_length(burst.max_len)
+    queue, cost = WorkQueue(), CostModel()
+    session = InferenceSession(0, lambda: engine, task, queue,
+                               BatchPolicy(mode="auto", max_items=8, cost=cost), warmup=[length])
+    session.start()
+    assert session.ready.wait(60) and session.load_error is None
+    warmed, ran_before = cost.table(), len(engine.shapes)
+    settle()
+    engine.gate.clear()
+    queue.put(WorkItem(features=long, respond=lambda r, e: None, rows=long.rows,
+                       length=task.padded_length(long.max_len)))
+    while len(queue):  # the session took the long one and waits at the gate
+        time.sleep(0.01)
+    for _ in range(count):
+        queue.put(WorkItem(features=burst, respond=lambda r, e: None, length=length))
+    engine.gate.set()
+    queue.close()
+    session.join(60)
+    assert not session.is_alive() and session.crash is None
+    shapes = engine.shapes[ran_before:]
+    return [rows for rows, n in shapes if n == length], warmed, cost.table()
+
+
+def cpu_like(rows: int, length: int) -> float:
+    """Batching does not pay: two rows cost more than two runs of one."""
+    return 0.010 * rows * (1 + 0.2 * (rows - 1))
+
+
+def test_live_batches_correct_a_warm_up_on_an_idle_machine_that_made_batching_pay(
+        tiny_model_dir: Path) -> None:
+    loaded = threading.Event()  # set once warmed up: serving beside other work
+    engine = HostWaitingEngine(lambda rows, length: cpu_like(rows, length) if loaded.is_set()
+                               else 0.010 + 0.001 * rows, lambda rows, length: 0.0)
+    sizes, warmed, learned = warm_then_burst(tiny_model_dir, engine, 20, loaded.set)
+    assert max(int(shape.split("x")[0]) for shape in warmed) == 8  # batching paid, to the cap
+    assert sizes[0] == 8 and sizes[-4:] == [1, 1, 1, 1]  # batches until measured, then one
+    assert sum(sizes) == 20
+    two = next(shape for shape in learned if shape.startswith("2x"))
+    assert learned[two] == pytest.approx(24.0)  # the live figure, not the warm-up's 12
+
+
+def test_a_one_row_figure_inflated_through_warm_up_does_not_make_batches(
+        tiny_model_dir: Path) -> None:
+    """Other processes warm up beside this one the whole time: one row times 3x its cost,
+    however often it is timed again. Held as it was, it made batching look cheap for good
+    (batches of 8, then of 4, one row never run to be measured again); left out, one row is
+    run and learnt."""
+    warm = threading.Event()  # set once warmed up: the others are done
+    engine = HostWaitingEngine(lambda rows, length: cpu_like(rows, length) * (
+        1 if warm.is_set() or rows > 1 else 3), lambda rows, length: 0.0)
+    sizes, warmed, learned = warm_then_burst(tiny_model_dir, engine, 12, warm.set)
+    assert not any(shape.startswith("1x") for shape in warmed)  # 30 ms, undercut by 2 rows' 24
+    assert sizes == [1] * 12
+    one = next(shape for shape in learned if shape.startswith("1x"))
+    assert learned[one] == pytest.approx(10.0)
