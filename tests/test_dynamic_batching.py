@@ -276,7 +276,7 @@ def test_one_outlier_does_not_move_a_bucket_with_history() -> None:
     assert cost.estimate(1, 64) == pytest.approx(0.010)
 
 
-# -- learning corrects the warm-up's figures --------------------------------------------------------
+# -- learning corrects the warm-up's figures ----------------------------------------------------
 
 def warm_then_burst(model_dir: Path, engine: TimedEngine, count: int,
                     settle: Callable[[], None]) -> tuple[list[int], dict[str, float], dict]:
