@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -153,6 +155,27 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition never became true"
         time.sleep(0.01)
+
+
+def frozen(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is stopped (Linux: /proc/PID/task/*/stat)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+        if state not in ("T", "t"):
+            return False
+    return True
+
+
+def freeze(pid: int, timeout: float = 30) -> None:
+    """SIGSTOP process ``pid`` and return once every thread of it has stopped. ``kill``
+    returns once the signal is queued: one thread is woken to stop the others as each next
+    runs, so on a busy machine another thread may go on for a while (take an entry from Redis,
+    send a reply) after ``kill`` returned."""
+    os.kill(pid, signal.SIGSTOP)
+    wait_until(lambda: frozen(pid), timeout)
 
 
 def wait_for_address(path: Path, process: subprocess.Popen[Any], timeout: float,

@@ -39,7 +39,7 @@ from tests.broker_fixtures import (
     stop_worker,
 )
 from tests.conftest import build_tiny_model_dir
-from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, wait_until
+from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, freeze, wait_until
 from tests.text_models import build_tiny_classify_dir, build_tiny_embed_dir
 
 TEXTS = [*QUESTIONS, *CONTEXTS[:3]]
@@ -273,10 +273,10 @@ def pending(client: redis.Redis, pid: int) -> dict[str, int]:
 
 
 def freeze_holding_two_models(client: redis.Redis, pid: int, timeout_s: float = 30) -> None:
-    """SIGSTOP the worker while it holds entries of both qa and embed."""
+    """Stop the worker (every thread) while it holds entries of both qa and embed."""
     deadline = time.monotonic() + timeout_s
     while True:
-        os.kill(pid, signal.SIGSTOP)
+        freeze(pid)
         held = pending(client, pid)
         if held.get("qa", 0) > 0 and held.get("embed", 0) > 0:
             return
