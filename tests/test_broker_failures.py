@@ -119,10 +119,9 @@ def test_redis_restarted_under_load_the_front_end_recovers_by_itself(
         with Client(*front.address) as client:
             assert client.ping(timeout=5)["ready"] is False  # ping still answers
             assert client.stats(timeout=10)["broker"]["up"] is False  # stats too
-            started = time.monotonic()
-            with pytest.raises(Unavailable):
+            # refused at admission (at once), not failed once in flight
+            with pytest.raises(Unavailable, match="cannot be reached|no live worker"):
                 client.answer(QUESTIONS[0], CONTEXTS[0], timeout=10)
-            assert time.monotonic() - started < 2  # at once, not after a deadline
         broker.start()  # empty: nothing was persisted
         wait_serving(front, 1, timeout=60)
         ok_before = outcomes.count("ok")
