@@ -50,7 +50,7 @@ def test_a_front_end_stopping_answers_what_its_workers_still_run(
         outcome: list[bool] = []
         stopping = threading.Thread(target=lambda: outcome.append(front.shutdown(30)))
         stopping.start()
-        time.sleep(0.5)  # the stop has begun, with work still in the worker's hands
+        wait_until(lambda: not front.ready, 30)  # the stop has begun, work in the worker's hands
         os.kill(worker.pid, signal.SIGCONT)
         replies = conn.recv_replies(total)
         stopping.join(60)
@@ -143,7 +143,8 @@ def test_summed_batch_counters_do_not_go_back_when_a_worker_leaves(
         with Client(*front.address) as client:
             for future in [client.submit(QUESTIONS[i % 6], CONTEXTS[i % 6]) for i in range(60)]:
                 future.result(timeout=60)
-            time.sleep(2.5)  # heartbeats carry the figures, once a second each way
+            # until the heartbeats (once a second each way) have carried every request's row
+            wait_until(lambda: client.stats(timeout=30)["batch_rows"] == 60, 60)
             before = client.stats(timeout=30)["batches"]
             assert stop_worker(workers[0]) == 0
             wait_serving(front, 1)
