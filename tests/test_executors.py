@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from client import Client
 from protocol import encode_frame, qa_request
 from server import InferenceServer, ServerConfig
-from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, wait_until
+from tests.helpers import CONTEXTS, QUESTIONS, RawConnection, freeze, wait_until
 from tests.test_workers import alive, sigterm_under_load
 
 
@@ -44,7 +44,7 @@ def test_one_executor_batches_the_rows_of_both_worker_processes(tiny_model_dir: 
             pid = client.stats(timeout=30)["executors"][0]["pid"]
         # held a moment, so that jobs of both workers wait together (else a slow device's
         # batches can fall into step with the workers, each batch one worker's jobs)
-        os.kill(pid, signal.SIGSTOP)
+        freeze(pid)
         try:
             conn = pipelined(srv.address, 120)
             time.sleep(0.5)
@@ -155,7 +155,7 @@ def test_a_stalled_executor_is_passed_over_while_another_device_serves(
         with Client(*srv.address) as client:
             before = client.stats(timeout=30)
         pids = {e["device"]: e["pid"] for e in before["executors"]}
-        os.kill(pids["cuda:1"], signal.SIGSTOP)  # a GPU that stops answering (or is swamped)
+        freeze(pids["cuda:1"])  # a GPU that stops answering (or is swamped)
         try:
             conn = pipelined(srv.address, 80)
             # a job or so per worker waits on the stalled one; the rest go to cuda:0
@@ -194,7 +194,7 @@ def test_a_stalled_executor_s_jobs_are_answered_once_their_deadline_passes(
     with InferenceServer(executor_config(tiny_model_dir)) as srv:
         with Client(*srv.address) as client:
             pid = client.stats(timeout=30)["executors"][0]["pid"]
-        os.kill(pid, signal.SIGSTOP)  # alive, its listener open, answering nothing
+        freeze(pid)  # alive, its listener open, answering nothing
         codes = set()
         try:
             for _ in range(2):  # the sessions wait on their connections, then on new ones
