@@ -98,8 +98,8 @@ class RedisWorker:
         self.window = config.worker_window()
         self.queue = WorkQueue(self.window)
         self.policy = batch_policy(config)
-        self.engines = SharedEngines(engine_factory or default_engine_factory(config,
-                                                                              config.device))
+        self.engines = SharedEngines(engine_factory or default_engine_factory(
+            config, config.device, self.queue))
         self._idle = IdleRelease(self.queue, self._release_memory)
         self.client = connect(config.broker)
         self._reader = connect(config.broker, block_s=BLOCK_S)

@@ -72,10 +72,14 @@ def _sessions(config: ServerConfig, described: dict[str, Any]) -> str:
 def _log_details(config: ServerConfig, model: ServedModel, described: dict[str, Any]) -> None:
     """What a person asks after something looks wrong, at DEBUG: the model's source and
     folder, its engine in full, and its batch cost model after warm-up."""
-    log.debug("model %s: %s (%s) from %s; engine: %s", model.name, model.info.model_name,
-              model.info.source, os.path.abspath(model.config.model_dir),
-              described.get("engine", {}).get("description", "?"))
-    if config.batching == "auto" and config.broker is None:
+    what = (f"model {model.name}: {model.info.model_name} ({model.info.source}) from "
+            f"{os.path.abspath(model.config.model_dir)}")
+    if config.broker is not None:  # no engine here: the broker's workers run it
+        log.debug("%s; run by the broker's workers (--role worker), each with its own engine, "
+                  "sessions and batching", what)
+        return
+    log.debug("%s; engine: %s", what, described.get("engine", {}).get("description", "?"))
+    if config.batching == "auto":
         log.debug("model %s: batch cost model after warm-up (ms per batch, ROWSxLENGTH%s): %s",
                   model.name, ", worker 0" if config.workers > 1 else "",
                   ", ".join(f"{shape} {ms:.1f}" for shape, ms in

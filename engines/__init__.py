@@ -4,7 +4,7 @@ them lives in tasks/; how a model folder is made, in preparation/."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from engines.base import Engine
@@ -34,13 +34,16 @@ SETTING_CHOICES = {"inference_engine_type": ENGINE_TYPES, "precision": PRECISION
 
 
 def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threads: int = 0,
+                lone_threads: int = 0, crowded: Callable[[], bool] | None = None,
                 precision: str = "fp32", graph: str = TORCH_GRAPH_AUTO,
                 lengths: Sequence[int] = (), max_seq_len: int = 0,
                 max_tokens: int = 0, onnx_cuda_graphs: bool = False,
                 sim: SimSettings | None = None) -> Engine:
     """Load one engine of ``kind`` (one of ENGINE_TYPES) from a prepared model folder.
 
-    ``threads``: the engine's CPU threads (0: the runtime chooses). ``precision``: one of PRECISIONS (the engine
+    ``threads``: CPU threads of a batch (0: the runtime chooses). ``lone_threads`` and
+    ``crowded`` (ONNX on the CPU): threads for a batch that has the machine to itself, and how
+    to tell (see OnnxEngine). ``precision``: one of PRECISIONS (the engine
     logs why, where it falls back to fp32). ``graph`` (PyTorch): "auto" or one of TORCH_GRAPHS;
     ``lengths``, ``max_seq_len`` and ``max_tokens`` (CUDA graphs): the server's length buckets,
     longest length and token budget, which set the shapes captured (engines/shapes.py).
@@ -53,7 +56,7 @@ def load_engine(kind: str, model_dir: str | Path, *, device: str = "auto", threa
         from engines.onnx_engine import OnnxEngine
 
         return OnnxEngine(model_dir, device=device, intra_op_threads=threads,
-                          precision=precision,
+                          lone_threads=lone_threads, crowded=crowded, precision=precision,
                           cuda_graphs=onnx_cuda_graphs, lengths=lengths,
                           max_seq_len=max_seq_len, max_tokens=max_tokens)
     if kind == "pytorch":

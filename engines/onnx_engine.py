@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -35,13 +35,20 @@ class OnnxEngine(Engine):
     Args:
         model_dir: Folder written by prepare_model.py.
         device: "auto" (CUDA if available, else CPU), "cpu", "cuda" or "cuda:N".
-        intra_op_threads: Threads inside one operator; 0 lets ONNX Runtime choose (all cores).
-            On the CPU every session of the model shares this engine (``shareable``): its
-            threads are the process's cores, and batches run on them side by side. With more
-            than one, they spin between operators while a batch runs (a sleeping thread's
-            wake-up at every operator cost about 1.5 ms of MiniLM's 18) and stop the moment
-            the batch ends, so they burn nothing between requests (docs/benchmarks.md).
+        intra_op_threads: Threads of one batch's operators; 0 lets ONNX Runtime choose (all
+            cores). On the CPU every session of the model shares this engine (``shareable``):
+            batches run side by side on it, each on its own ``intra_op_threads``.
         inter_op_threads: Threads across independent operators.
+        lone_threads: On the CPU, more threads than ``intra_op_threads`` for a batch that has
+            the machine to itself: a second ONNX Runtime session with that many threads runs a
+            batch whenever ``crowded()`` is false, so a lone request gets every core while a
+            loaded server keeps its cores shared out. The weights are held twice (once per
+            session, shared by every session thread of the model). Its threads spin between
+            operators while a batch runs (a sleeping thread's wake-up at every operator cost
+            about 1.5 ms of MiniLM's 18) and stop the moment the batch ends, so they burn
+            nothing between requests (docs/benchmarks.md).
+        crowded: Whether other work competes for the cores now (other sessions running, or
+            requests waiting); default: always, i.e. never the lone session.
         precision: "fp16" runs the folder's ``model_fp16.onnx`` (prepare_model.py --fp16);
             without one, and for "bf16" (no such export), it says so and runs fp32.
         io_binding: Run batches through ``BoundRunner`` (device buffers kept per shape); None:
@@ -56,7 +63,8 @@ class OnnxEngine(Engine):
     name = "onnx"
 
     def __init__(self, model_dir: str | Path, *, device: str = "auto", intra_op_threads: int = 0,
-                 inter_op_threads: int = 1, precision: str = "fp32",
+                 inter_op_threads: int = 1, lone_threads: int = 0,
+                 crowded: Callable[[], bool] | None = None, precision: str = "fp32",
                  io_binding: bool | None = None, cuda_graphs: bool = False,
                  lengths: Sequence[int] = (), max_seq_len: int = 0, max_tokens: int = 0) -> None:
         path, asked = self._open(Path(model_dir), device, precision,
@@ -66,6 +74,13 @@ class OnnxEngine(Engine):
         if note := provider_note(asked, self.session.get_providers()):
             log.warning("onnx engine: %s", note)
         active = CUDA_PROVIDER if CUDA_PROVIDER in self.session.get_providers() else CPU_PROVIDER
+        self.lone_session: ort.InferenceSession | None = None
+        if active == CPU_PROVIDER and lone_threads > intra_op_threads > 0 and crowded is not None:
+            self.lone_session = ort.InferenceSession(
+                str(path), _options(lone_threads, inter_op_threads), providers=[CPU_PROVIDER])
+        self.crowded = crowded or (lambda: True)
+        self.lone_threads = lone_threads if self.lone_session is not None else 0
+        self.lone_runs = 0  # batches run with every core
         self.device = "cuda:" + str(self._cuda_index()) if active == CUDA_PROVIDER else "cpu"
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = tuple(o.name for o in self.session.get_outputs())
@@ -147,13 +162,17 @@ class OnnxEngine(Engine):
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one batch; see :meth:`Engine.run`."""
         inputs = {name: np.ascontiguousarray(feeds[name], dtype=np.int64) for name in self.input_names}
+        session = self.session
+        if self.lone_session is not None and not self.crowded():
+            session = self.lone_session
+            self.lone_runs += 1
         values = None
         if self.graphs is not None:
             values = self.graphs.run(inputs)  # None: no captured shape holds the batch
         if values is None and self.binder is not None:
             values = self.binder.run(inputs)
         elif values is None:
-            values = self.session.run(list(self.output_names), inputs)
+            values = session.run(list(self.output_names), inputs)
         outputs = dict(zip(self.output_names, values))
         check_outputs(inputs, outputs)
         return outputs
@@ -168,12 +187,15 @@ class OnnxEngine(Engine):
         feeds = {name: np.zeros((1, 2), dtype=np.int64) for name in self.input_names}
         if "attention_mask" in feeds:
             feeds["attention_mask"][:] = 1
-        self.session.run(list(self.output_names), feeds, self._shrink)
+        for session in (self.session, self.lone_session):
+            if session is not None:
+                session.run(list(self.output_names), feeds, self._shrink)
 
     def describe(self) -> str:
         """Engine, device and thread settings, for logs."""
         threads = self.threads or "auto"
-        more = "; I/O binding" if self.binder is not None else ""
+        more = f"; {self.lone_threads} for a lone batch" if self.lone_threads else ""
+        more += "; I/O binding" if self.binder is not None else ""
         more += f"; CUDA graphs for {len(self.graphs.shapes)} shapes" if self.graphs else ""
         return (f"onnxruntime {ort.__version__} on {self.device} ({self.precision}, intra-op "
                 f"threads: {threads}{more})")

@@ -127,9 +127,8 @@ class ServerConfig:
                                  "preempting it (less switching under load, the same on an "
                                  "idle machine); normal leaves the default (docs/operations.md)",
                                  choices=OWNED)
-    threads_per_session: int = option(0, "CPU threads per engine (0: the cores shared out; the "
-                                      "onnx engine is one per model per process, shared by its "
-                                      "sessions, the others one per session)")
+    threads_per_session: int = option(0, "CPU threads per session's batch (0: cores divided "
+                                      "among sessions)")
     batching: str = option("auto", "auto: batch only as far as the measured cost says it pays; "
                            "fixed: fill up to the caps; off: one request per batch",
                            choices=OWNED)
@@ -186,20 +185,27 @@ class ServerConfig:
                                       "--address_file) and to learn what --port 0 chose")
 
     def engine_threads(self) -> int:
-        """Threads per engine: as configured, else the machine's cores shared among the
-        engines of every worker: the ONNX engine is one per model per process, which its
-        sessions share (batches run side by side on its threads); the others one per session."""
+        """Threads per engine (per session's runs): as configured, else the machine's cores
+        shared among every session of every worker, so that batches running side by side do
+        not oversubscribe the cores."""
         if self.threads_per_session > 0:
             return self.threads_per_session
-        engines = max(1, self.workers)
-        if self.inference_engine_type != "onnx":
-            engines *= max(1, self.num_inference_sessions)
+        engines = max(1, self.num_inference_sessions) * max(1, self.workers)
         return max(1, (os.cpu_count() or 1) // engines)
 
     def worker_window(self) -> int:
         """Most requests the front end hands one worker process at once (one batch running,
         the next one forming); a worker's own queue holds at least this many."""
         return max(2, 2 * self.max_batch_size)
+
+    def lone_threads(self) -> int:
+        """Threads for a batch that has the machine to itself (every core), where the cores are
+        shared out among the sessions of one process; 0 where they are not (set explicitly, or
+        split over worker processes, or one session has them all anyway)."""
+        cores = os.cpu_count() or 1
+        if self.threads_per_session > 0 or self.workers > 1 or self.engine_threads() >= cores:
+            return 0
+        return cores
 
     def gpu_indices(self) -> list[int]:
         """The GPU indices of ``--cuda_devices`` (empty when not given).

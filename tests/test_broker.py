@@ -158,17 +158,18 @@ def test_a_front_end_logs_its_broker_and_model_and_no_engine_of_its_own(
         caplog: pytest.LogCaptureFixture) -> None:
     # It logged "engine: ?" (or a worker's engine, as its own), an empty cost model and
     # "2 inference sessions per model", of sessions it does not run.
-    with caplog.at_level("INFO"):
+    with caplog.at_level("INFO"), caplog.at_level("DEBUG", logger="server"):
         front = front_end(broker.url, tiny_model_dir)
         front.shutdown(10)
     log = caplog.text
     assert "broker redis://:***@127.0.0.1" in log  # its broker
     assert f"work on {work_key(tiny_model_dir)}" in log
     name = tiny_model_dir.name
-    assert f"model {name}: tiny-random-bert-qa-0" in log  # its model
+    assert f"model {name} ready: qa, tokenized here; " in log  # its model, at INFO
+    assert f"model {name}: tiny-random-bert-qa-0" in log  # and in full, at DEBUG
     assert "run by the broker's workers (--role worker)" in log  # what runs it
     assert "engine:" not in log and "cost model" not in log, log
-    assert "inference sessions" not in log, log
+    assert " sessions" not in log.split("ready:")[-1].splitlines()[0], log
 
 
 def test_an_unreadable_work_entry_is_dropped_and_the_workers_keep_serving(

@@ -254,17 +254,51 @@ def test_an_engine_that_cannot_be_shared_is_loaded_once_per_session(
     assert first is not second and engines.shared is None
 
 
-def test_threads_are_shared_out_among_the_engines_a_process_holds() -> None:
+def test_a_lone_batch_gets_every_core_and_a_crowded_one_its_share(tiny_model_dir: Path) -> None:
+    crowded = [False]
+    engine = load_engine("onnx", tiny_model_dir, device="cpu", threads=1, lone_threads=2,
+                         crowded=lambda: crowded[0])
+    feeds = _feeds(tiny_model_dir)
+    alone = engine.run(feeds)
+    assert engine.lone_runs == 1 and "2 for a lone batch" in engine.describe()
+    crowded[0] = True
+    shared = engine.run(feeds)
+    assert engine.lone_runs == 1  # with company it kept to its own thread
+    for name in alone:  # the same model either way
+        np.testing.assert_allclose(alone[name], shared[name], atol=1e-5)
+    # the lone session's threads spin while a batch runs and stop as it ends
+    lone = engine.lone_session.get_session_options()
+    assert [lone.get_session_config_entry(key) for key in (
+        "session.intra_op.allow_spinning", "session.force_spinning_stop")] == ["1", "1"]
+
+
+def test_only_engines_that_share_the_cores_get_a_lone_layout() -> None:
     import os
 
     from settings.server_config import ServerConfig
 
     cores = os.cpu_count() or 1
-    assert ServerConfig(num_inference_sessions=2).engine_threads() == cores  # one shared
-    assert ServerConfig(workers=2).engine_threads() == max(1, cores // 2)
-    assert ServerConfig(num_inference_sessions=2, inference_engine_type="pytorch",
-                        ).engine_threads() == max(1, cores // 2)  # one per session
-    assert ServerConfig(threads_per_session=1).engine_threads() == 1  # set by hand: kept
+    shared = ServerConfig(num_inference_sessions=2)
+    assert shared.lone_threads() == (cores if shared.engine_threads() < cores else 0)
+    assert ServerConfig(threads_per_session=1).lone_threads() == 0  # set by hand: kept
+    assert ServerConfig(workers=2).lone_threads() == 0  # across processes: no one can tell
+
+
+def test_a_session_s_engine_gets_the_lone_layout_from_its_queue(tiny_model_dir: Path) -> None:
+    """The server's own engine factory hands the engine its queue's ``crowded``: an empty
+    queue (falsy: it has a length) must still count as one."""
+    from scheduling.queue import WorkQueue
+    from settings.server_config import ServerConfig
+    from workers.local import default_engine_factory
+
+    config = ServerConfig(model_dir=str(tiny_model_dir), num_inference_sessions=2,
+                          threads_per_session=0)
+    queue = WorkQueue()
+    engine = default_engine_factory(config, "cpu", queue)()
+    assert engine.lone_threads == config.lone_threads()
+    if config.lone_threads():  # a machine of more cores than one session's threads
+        engine.run(_feeds(tiny_model_dir))
+        assert engine.lone_runs == 1  # nothing else queued or running: every core
 
 
 def test_an_idle_onnx_engine_gives_back_what_its_largest_batch_took(

@@ -73,12 +73,14 @@ def describe_serving(policy: BatchPolicy, engine: Engine | None) -> dict[str, An
     return out
 
 
-def default_engine_factory(config: ServerConfig, device: str) -> Callable[[], Engine]:
+def default_engine_factory(config: ServerConfig, device: str,
+                           queue: WorkQueue | None = None) -> Callable[[], Engine]:
     """Builds one session's engine as the settings say (threads, precision, device, and the
     shapes a PyTorch engine captures CUDA graphs for: length buckets, longest length, token
-    budget)."""
+    budget); ``queue`` (ONNX on the CPU) says when a batch has the machine to itself."""
     return partial(load_engine, config.inference_engine_type, config.model_dir, device=device,
-                   threads=config.engine_threads(), precision=config.precision,
+                   threads=config.engine_threads(), lone_threads=config.lone_threads(),
+                   crowded=None if queue is None else queue.crowded, precision=config.precision,
                    graph=config.pytorch_graph, lengths=config.bucket_lengths(),
                    max_seq_len=config.max_seq_len, max_tokens=config.max_batch_tokens,
                    onnx_cuda_graphs=config.onnx_cuda_graphs == "on",
@@ -138,8 +140,8 @@ class LocalBackend:
         self.stats = stats
         self.device = device or config.device
         self.queue = WorkQueue(config.max_queue)
-        self.engines = SharedEngines(engine_factory or default_engine_factory(config,
-                                                                              self.device))
+        self.engines = SharedEngines(engine_factory or default_engine_factory(
+            config, self.device, self.queue))
         self.policy = batch_policy(config)
         self.task: Task | None = None
         self.pool: SessionPool | None = None
