@@ -122,12 +122,13 @@ class HttpFrontEnd:
         self._server = _Server(config, tls, cfg.tls_handshake_timeout_s)
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
         self._failure: BaseException | None = None
+        host, port = sock.getsockname()[:2]
+        self._address = (host, port)  # read while open: stats still name it once closed
 
     @property
     def address(self) -> tuple[str, int]:
-        """The (host, port) it listens on."""
-        host, port = self.sock.getsockname()[:2]
-        return host, port
+        """The (host, port) it listens on (also once it is closed)."""
+        return self._address
 
     @property
     def url(self) -> str:

@@ -7,6 +7,7 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,22 @@ def proportional_mb(pid: int | None = None) -> float | None:
     return None
 
 
+#: Seconds a process's figures are reused: reading PSS walks every mapping of the process
+#: (milliseconds), and a client may ask for stats thousands of times a second.
+FRESH_S = 1.0
+_recent: dict[int | None, tuple[float, dict[str, float | None]]] = {}
+
+
 def process_memory(pid: int | None = None) -> dict[str, float | None]:
-    """``rss_mb`` and ``pss_mb`` of process ``pid`` (default: this one)."""
-    return {"rss_mb": resident_mb(pid), "pss_mb": proportional_mb(pid)}
+    """``rss_mb`` and ``pss_mb`` of process ``pid`` (default: this one), read at most once a
+    ``FRESH_S``."""
+    now = time.monotonic()
+    cached = _recent.get(pid)
+    if cached is not None and now - cached[0] < FRESH_S:
+        return dict(cached[1])
+    figures = {"rss_mb": resident_mb(pid), "pss_mb": proportional_mb(pid)}
+    _recent[pid] = (now, figures)
+    return dict(figures)
 
 
 def _status_field(pid: int | None, field: str) -> float | None:

@@ -31,7 +31,7 @@ from tasks import load_task
 from tasks.base import Task
 from tasks.encoding import releases_gil
 from tasks.qa_answers import numpy_search_reason, span_search
-from telemetry.memory import resident_mb, trim_heap
+from telemetry.memory import process_memory, resident_mb, trim_heap
 from telemetry.stats import ServerStats
 
 log = logging.getLogger(__name__)
@@ -259,7 +259,7 @@ class LocalBackend:
         if self.info.task == "qa" and "engine" in out:
             out["engine"]["span_search"] = span_search()
         out["memory_mb"] = self.memory_mb
-        out["process_mb"] = resident_mb()
+        out["process_mb"] = process_memory()["rss_mb"]
         out["engines"] = 1 if self.engines.shared is not None else \
             self.config.num_inference_sessions
         return out
