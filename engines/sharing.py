@@ -1,8 +1,8 @@
 """One engine for every session of a model in a process, where the engine allows it.
 
-A model's weights then sit in memory once per process however many session threads run them
+A model's weights then sit in memory once per engine, however many session threads run them
 (ONNX Runtime's ``run`` is thread-safe: each session's batches run side by side on the same
-session). An engine that is not ``shareable`` (device buffers kept per shape, CUDA graphs, a
+ONNX Runtime session). An engine that is not ``shareable`` (device buffers kept per shape, CUDA graphs, a
 ``device_s`` per run) is loaded once per session, as before.
 """
 
