@@ -140,8 +140,11 @@ def test_logs_say_what_serves_where_and_warn_about_meaningless_models(tiny_model
 
 def test_sigterm_under_load_answers_every_admitted_request_and_exits_zero(
         tiny_model_dir: Path) -> None:
+    # no deadline, and a drain as long as a busy machine needs: the test is of the stop, and
+    # beside a CPU hog the last of 200 long requests may wait more than the default 30 s
     proc, address, lines = start_server("--model_dir", str(tiny_model_dir),
-                                        "--num_inference_sessions", "2", "--threads_per_session", "1")
+                                        "--num_inference_sessions", "2", "--threads_per_session", "1",
+                                        "--request_timeout_ms", "0", "--shutdown_timeout", "300")
     reader = drain_log(proc, lines)
     conns = [RawConnection(address) for _ in range(4)]
     total = 50
@@ -161,7 +164,8 @@ def test_sigterm_under_load_answers_every_admitted_request_and_exits_zero(
             observer.answer(QUESTIONS[0], CONTEXTS[0], timeout=60)
     for conn in conns:
         replies = conn.recv_replies(total)
-        assert all(reply["ok"] for reply in replies.values())  # every admitted one answered
+        failed = [reply for reply in replies.values() if not reply["ok"]]
+        assert not failed, failed[:3]  # every admitted one answered
         assert conn.recv_message() is None  # then closed
         conn.close()
     assert proc.wait(timeout=60) == 0
