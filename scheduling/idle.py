@@ -5,8 +5,8 @@ ONNX Runtime's arena, PyTorch's CUDA cache and the C heap keep what the largest 
 32 x 384 MiniLM batch: 1.2 GB on the CPU, against 90 MB of weights), so a server that once served
 a burst would hold its peak for good. ``IdleRelease`` watches a model's queue and, once nothing
 has waited or run for ``idle_s`` after some batches ran, asks the engine to give back what it
-keeps (``Engine.release_memory``) and trims the C heap. Under load it does nothing, so batches
-keep their memory warm; one idle moment costs one smallest run.
+keeps (``Engine.release_memory``) and trims the C heap (``release`` does both). Under load it
+does nothing, so batches keep their memory warm; one idle moment costs one smallest run.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import threading
 from collections.abc import Callable
 
 from scheduling.queue import WorkQueue
-from telemetry.memory import trim_heap
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +28,8 @@ class IdleRelease(threading.Thread):
 
     Args:
         queue: The model's work queue (its ``idle_after`` says whether work ran since).
-        release: Gives back the engine's memory (``Engine.release_memory`` of each engine).
+        release: Gives back the engines' memory (``Engine.release_memory`` of each) and the C
+            heap's (``telemetry.memory.trim_heap``).
         idle_s: Seconds without work before giving back.
     """
 
@@ -61,7 +61,6 @@ class IdleRelease(threading.Thread):
             self.release()
         except Exception:  # noqa: BLE001 - an engine that cannot shrink still serves
             log.exception("giving back an idle engine's memory failed")
-        trim_heap()
         self.releases += 1
 
     def stop(self) -> None:
