@@ -73,13 +73,14 @@ def saturate(port: int, pairs: list[tuple[str, str]], sampler: NvmlSampler,
     load = {"connections": connections, "pipeline": pipeline, "processes": processes}
     run_pipelined("127.0.0.1", port, pairs, seconds=min(2.0, seconds / 4), **load)  # warm-up
     with Client("127.0.0.1", port) as client:
-        before = client.stats(timeout=30)
+        before, began = client.stats(timeout=30), time.monotonic()
         with sampler:
             result = run_pipelined("127.0.0.1", port, pairs, seconds=seconds, **load)
         after = client.stats(timeout=30)
+        between = time.monotonic() - began  # the load's processes start and stop in it too
     server = server_breakdown(before, after, op="qa")
     return {**load, "seconds": seconds, "throughput_rps": result["throughput_rps"],
             "ok": result["ok"], "errors": result["errors"],
             "mean_batch": server.get("mean_batch_size", 0.0),
-            "load_cpu_s": result["load_cpu_s"], **executor_breakdown(before, after, seconds),
+            "load_cpu_s": result["load_cpu_s"], **executor_breakdown(before, after, between),
             **sampler.summary()}

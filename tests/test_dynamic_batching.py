@@ -212,7 +212,9 @@ def test_server_auto_serves_batch_one_where_batching_does_not_pay(tiny_model_dir
 
 def test_warm_up_times_shapes_before_ready_and_stops_where_batching_stops_paying(
         tiny_model_dir: Path) -> None:
-    cpu_like = TimedEngine(lambda rows, length: 0.004 * rows * (1 + 0.3 * (rows - 1)))
+    # costs of tens of ms, as above: beside busy processes a 4 ms row timed 8 ms once, and
+    # two rows looked cheaper per row than one
+    cpu_like = TimedEngine(lambda rows, length: 0.02 * rows * (1 + 0.3 * (rows - 1)))
     with serve(tiny_model_dir, cpu_like, batching="auto", max_batch_size=32) as server:
         warmed = list(cpu_like.shapes)
         assert server.ready
