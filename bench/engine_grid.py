@@ -13,6 +13,8 @@ and said, as is every larger one. The part written (rewritten after every cell, 
 loses none) holds the cells and skipped cells of engines/cost_curve.py's schema, the engine's own
 description, its load time, and (``--request_runs``) one request of the mix through the whole
 task at batch 1 (tokenizing, the engine, decoding), the reference for the server at 1 client.
+A CUDA-graph cell also holds ``host_ms``, its run's host parts timed one by one
+(bench/host_parts.py), which a simulated device spends on the host (engines/sim_host.py).
 """
 
 from __future__ import annotations
@@ -34,10 +36,13 @@ sys.path.insert(0, str(ROOT))
 
 from engines.cost_curve import LENGTHS, ROWS  # noqa: E402
 from bench.figures import percentile  # noqa: E402
+from bench.host_parts import host_parts_ms  # noqa: E402
 from settings.cli import HelpFormatter  # noqa: E402
 
 #: Bound on a prediction's error: a cell must fit this many times its predicted time.
 MARGIN = 1.5
+#: Runs each host part of a CUDA-graph cell is timed over (bench/host_parts.py).
+HOST_PART_RUNS = 10
 
 
 def fixed_feeds(names: Sequence[str], rows: int, length: int, vocab: int) -> dict[str, np.ndarray]:
@@ -115,7 +120,8 @@ def measure(engine: Any, grid: Grid, args: argparse.Namespace, max_len: int, voc
             continue
         feeds = fixed_feeds(engine.input_names, rows, length, vocab)
         figures = time_cell(engine, feeds, args.warmup, args.runs, args.min_runs, args.cell_s)
-        grid.add(rows, length, figures)
+        parts = host_parts_ms(engine, feeds, HOST_PART_RUNS)  # CUDA graphs only
+        grid.add(rows, length, {**figures, "host_ms": parts} if parts else figures)
         per_token_s.append(figures["wall_ms"]["median"] / 1e3 / (rows * length))
         print(f"  {rows:>3} x {length:>3}: {figures['wall_ms']['median']:9.2f} ms median, "
               f"{figures['host_cpu_ms']:8.2f} ms CPU, {figures['runs']} runs", flush=True)

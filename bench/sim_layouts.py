@@ -17,8 +17,9 @@ device (its files in a folder of this benchmark's, so that it reads the device's
 - the devices' **busy share** during that load (busy seconds over the load's seconds, the mean
   over the devices the layout used), and the mean batch.
 
-"+x ms over its ceiling" is what the server adds to one request, the simulated launch's host
-CPU (``--sim_launch_ms``, 0.1 ms) among it.
+"+x ms over its ceiling" is what the server adds to one request. The ceiling is the curve's
+wall time, which holds the simulated run's host parts (engines/sim_host.py), so they are not
+among the "+x ms"; the device's busy share counts the device's part only.
 
 The simulated device follows the GPU check's cost curve scaled to this machine's cores
 (engines/sim_device.py), so the figures say how a layout would fill a GPU on a machine with

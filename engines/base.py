@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from typing import Protocol
 
 import numpy as np
 
+#: Batches an overlapping engine may hold launched and not yet taken (``Engine.overlaps``): one
+#: on the device and the next copied in behind it.
+IN_FLIGHT = 2
 #: Output tensor names every QA engine produces, in this order.
 QA_OUTPUT_NAMES: tuple[str, str] = ("start_logits", "end_logits")
 #: The engine outputs of each built-in task's models, in order: ``qa``: ``[rows, seq_len]``
@@ -18,6 +22,26 @@ QA_OUTPUT_NAMES: tuple[str, str] = ("start_logits", "end_logits")
 #: logits.
 TASK_OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     "qa": QA_OUTPUT_NAMES, "embed": ("embeddings",), "classify": ("logits",)}
+
+
+class Launched(Protocol):
+    """A batch an engine has started (:meth:`Engine.launch`): ``result`` waits for its outputs,
+    then ``device_s`` holds what the device spent on it (None: not measured)."""
+
+    device_s: float | None
+
+    def result(self) -> dict[str, np.ndarray]: ...
+
+
+class Done:
+    """A batch that has run already: the default :meth:`Engine.launch`'s."""
+
+    def __init__(self, outputs: dict[str, np.ndarray], device_s: float | None) -> None:
+        self.outputs, self.device_s = outputs, device_s
+
+    def result(self) -> dict[str, np.ndarray]:
+        """The outputs."""
+        return self.outputs
 
 
 class Engine(ABC):
@@ -43,6 +67,9 @@ class Engine(ABC):
       where it pads a batch up to the next of each (CUDA graphs, captured per shape); None: it
       runs any. The cost model then knows that 33 rows cost what 64 do, and 30 tokens what 64
       do, and batches are cut to fill a step.
+    - ``overlaps``: :meth:`launch` returns once the batch is on its way to the device, so the
+      caller (an executor, workers/executor_loop.py) can form and copy in the next batch while
+      this one runs; at most ``IN_FLIGHT`` launches may be waiting for their ``result``.
     """
 
     name: str = "engine"
@@ -54,6 +81,7 @@ class Engine(ABC):
     device_s: float | None = None
     row_steps: tuple[int, ...] | None = None
     length_steps: tuple[int, ...] | None = None
+    overlaps: bool = False
     #: ``run`` may be called from several threads at once (and sets no ``device_s``): the
     #: sessions of one model in one process then share this engine (engines/sharing.py).
     shareable: bool = False
@@ -69,6 +97,13 @@ class Engine(ABC):
             One float32 array per name in ``output_names``, ``rows`` first: ``[rows, seq_len]``
             for QA logits, ``[rows, dim]`` for embeddings, ``[rows, labels]`` for class logits.
         """
+
+    def launch(self, feeds: Mapping[str, np.ndarray]) -> Launched:
+        """Start one batch (see ``overlaps``); its ``result`` gives :meth:`run`'s outputs. The
+        default runs it now. Launches are answered in order: take each one's ``result`` before
+        a later one's."""
+        outputs = self.run(feeds)
+        return Done(outputs, self.device_s)
 
     def run_by(self, feeds: Mapping[str, np.ndarray],
                deadline: float | None) -> dict[str, np.ndarray]:

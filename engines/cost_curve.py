@@ -24,7 +24,9 @@ The file (``SCHEMA``, version ``VERSION``) is one JSON object:
   ONNX), ``rows``, ``length``, ``runs`` (timed runs, after untimed warm-up runs),
   ``wall_ms``: ``{"median", "p90"}`` of one run (inputs copied in, outputs copied back to host
   memory, as the server's engine call), and ``host_cpu_ms``: the process's CPU time over the
-  timed runs (every thread: launches, copies, a CPU engine's own threads) divided by ``runs``.
+  timed runs (every thread: launches, copies, a CPU engine's own threads) divided by ``runs``;
+  optionally ``host_ms``: the run's host parts, ``{part: median ms}`` (engines/sim_host.py's
+  ``PARTS``), where the check measured them (CUDA graphs).
 - ``skipped``: the cells of a variant not measured, each with its variant, ``rows``,
   ``length`` and ``why`` (the check's time ran short, the model is shorter, the engine failed).
 
@@ -92,6 +94,7 @@ class Cell:
     wall_ms_p90: float
     host_cpu_ms: float
     runs_as: str | None = None
+    host_ms: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,10 @@ def validate(data: Any) -> list[str]:
             elif not 0 < wall["median"] <= wall["p90"] or cell["host_cpu_ms"] < 0 \
                     or cell["runs"] < 1:
                 found.append(f"cells[{n}]: needs 0 < median <= p90, host_cpu_ms >= 0, runs >= 1")
+            host = cell.get("host_ms")
+            if host is not None and not (isinstance(host, dict) and all(
+                    isinstance(v, (int, float)) and v >= 0 for v in host.values())):
+                found.append(f"cells[{n}]: host_ms must map parts to ms >= 0")
         problems += found or _place(cell, f"cells[{n}]", rows, lengths, covered)
     for n, entry in enumerate(data["skipped"]):
         problems += _typed(entry, _SKIPPED, f"skipped[{n}]") or _place(
@@ -191,7 +198,8 @@ def parse_cost_curve(data: Any) -> CostCurve:
         variant = Variant.of(cell)
         cells[variant, cell["rows"], cell["length"]] = Cell(
             variant, cell["rows"], cell["length"], cell["runs"], float(cell["wall_ms"]["median"]),
-            float(cell["wall_ms"]["p90"]), float(cell["host_cpu_ms"]), cell.get("runs_as"))
+            float(cell["wall_ms"]["p90"]), float(cell["host_cpu_ms"]), cell.get("runs_as"),
+            cell.get("host_ms"))
     return CostCurve(data, cells)
 
 

@@ -2,33 +2,39 @@
 with the device's time taken in turns by every process that uses the same device id.
 
     device = SimDevice(index=0, settings=SimSettings())
-    device.launch(rows=8, length=256)     # host CPU for the launch, on this thread, GIL released
-    seconds = device.run(rows=8, length=256)   # waits its turn, then the device time, slept
-    device.busy_share()                   # the device's busy fraction over the last seconds
+    seconds = device.run(rows=8, length=256)  # host parts and the device's turn, this thread
+    cost = device.cost(rows=8, length=256)   # the device's seconds and the host's parts
+    device.charge(cost, at_launch=True)      # the host's parts before the device, this thread
+    seconds = device.occupy(cost.device_s)   # waits its turn, then the device time, slept
+    ticket = device.submit(cost.device_s)    # or the same on the device's own thread
+    ticket.wait()
+    device.busy_share()                      # the device's busy fraction over the last seconds
 
 What it costs (engines/cost_curve.py's file; by default the one the GPU check wrote on an H200):
 
-- **device time per run**: the curve's median wall time of the smallest measured shape that holds
+- **a run's wall time**: the curve's median wall time of the smallest measured shape that holds
   the batch, as CUDA graphs pad a batch to the shape they captured (the server pads to its
   length buckets); where that shape is over the token budget, so that no graph holds the batch
   and it runs unpadded, the time between the two grid row counts around it, in proportion to
   rows; beyond the grid, in proportion to tokens; all divided by ``scale``;
-- **host CPU per run**: ``launch_ms``, burnt on the calling thread in a hash over a buffer, which
-  releases the GIL, as a CUDA launch and copy do;
+- **its host parts** (``host``, on by default): the share of that wall time the real engine
+  spends on the host (engines/sim_host.py: padding and copying the inputs in, the launch,
+  copying the outputs out and unpacking them), spent on the thread that launches the batch or
+  takes its result, GIL held where the real one holds it; the device gets the rest. With
+  ``host`` off, the device gets the whole wall time;
 - **turns**: the device time is spent holding an exclusive ``flock`` on the device's file, so the
   processes of one server that use device id N take turns, as CUDA contexts do without MPS.
   The file also holds the device's total busy seconds, which every process adds to and reads.
 
 ``scale``: how fast the device is, against the one measured. ``auto`` makes it as fast, against
 this machine's cores, as the measured GPU was against its machine's (16 cores): on 2 cores it is
-2/16 of that GPU, so a simulated run takes 8 times the measured one.
+2/16 of that GPU, so a simulated run takes 8 times the measured one, host parts included.
 """
 
 from __future__ import annotations
 
 import atexit
 import fcntl
-import hashlib
 import mmap
 import os
 import shutil
@@ -38,10 +44,12 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from queue import SimpleQueue
 
-from engines.cost_curve import CostCurve, Variant, load_cost_curve
+from engines.cost_curve import Cell, CostCurve, Variant, load_cost_curve
+from engines.sim_host import HostCharge, curve_source, host_parts_ms, split_wall
 
 #: The cost curve the simulated device follows unless told otherwise: the GPU check's grid on
 #: one H200 (2026-11-26, bert-base-sized, PyTorch fp16; docs/benchmarks.md).
@@ -55,14 +63,36 @@ BUSY_WINDOW_S = 10.0
 @dataclass(frozen=True)
 class SimSettings:
     """How the simulated device behaves: its cost curve (a file; None: DEFAULT_CURVE), its speed
-    against the measured GPU (``scale``; 0: ``auto``), the host CPU per run (``launch_ms``), and
-    the folder of its device files, which the processes that share a device share (server.py
-    makes one per server; None: a folder of this process's own, removed at its exit)."""
+    against the measured GPU (``scale``; 0: ``auto``), whether runs spend the real engine's
+    host parts on the host (``host``), and the folder of its device files, which the processes
+    that share a device share (server.py makes one per server; None: a folder of this process's
+    own, removed at its exit)."""
 
     curve: str | None = None
     scale: float = 0.0
-    launch_ms: float = 0.1
+    host: bool = True
     directory: str | None = None
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """One run's cost here: the device's seconds and the host parts' ms (before the scale)."""
+
+    device_s: float
+    host_ms: dict[str, float] = field(default_factory=dict)
+
+
+class Ticket:
+    """A run handed to the device's thread: ``wait`` returns its device seconds."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._done = threading.Event()
+
+    def wait(self) -> float:
+        """Block (without burning a core) until the device has spent this run's time."""
+        self._done.wait()
+        return self.seconds
 
 
 def device_index(device: str) -> int:
@@ -93,14 +123,31 @@ class SimDevice:
         self.scale = settings.scale or (os.cpu_count() or 1) / measured_cores
         self.path = Path(settings.directory or _shared_dir()) / f"sim-device-{index}"
         self._fd, self._map = _open_device_file(self.path)
-        self._burn = HostBurner()
+        self._host = HostCharge()
         self._lock = threading.Lock()  # the samples: session, stats and /metrics threads
         self._closed = False
+        self._queue: SimpleQueue[Ticket] | None = None  # the device thread's, once started
         self._samples: deque[tuple[float, float]] = deque(maxlen=256)
         self._samples.append((time.monotonic(), self.busy_s()))
 
     def device_ms(self, rows: int, length: int) -> float:
-        """Device milliseconds one run of ``rows`` x ``length`` takes here (after the scale)."""
+        """Milliseconds one run of ``rows`` x ``length`` takes here, host parts and device
+        (after the scale): the curve's wall time."""
+        wall_ms, _ = self._wall_ms(rows, length)
+        return wall_ms / self.scale
+
+    def cost(self, rows: int, length: int) -> RunCost:
+        """One run's device seconds and host parts (module docstring)."""
+        wall_ms, cell = self._wall_ms(rows, length)
+        if not self.settings.host:
+            return RunCost(wall_ms / self.scale / 1e3)
+        share = wall_ms / cell.wall_ms_median  # the cell's parts, to this run's wall time
+        parts = {name: ms * share for name, ms in host_parts_ms(cell).items()}
+        device_ms, parts = split_wall(wall_ms, parts)
+        return RunCost(device_ms / self.scale / 1e3, parts)
+
+    def _wall_ms(self, rows: int, length: int) -> tuple[float, Cell]:
+        """The curve's wall ms for a run (before the scale) and the cell it is read from."""
         grid_rows, grid_lengths = self.curve.data["rows"], self.curve.data["lengths"]
         fit_rows, fit_length = min(rows, grid_rows[-1]), min(length, grid_lengths[-1])
         cell = self.curve.lookup(self.variant, fit_rows, fit_length)
@@ -110,17 +157,25 @@ class SimDevice:
                 below is not None and fit_rows not in grid_rows:  # no graph: its own rows
             low = self.curve.lookup(self.variant, below, fit_length).wall_ms_median
             share = (fit_rows - below) / (cell.rows - below)
-            return (low + share * (cell.wall_ms_median - low)) * beyond / self.scale
-        return cell.wall_ms_median * beyond / self.scale
-
-    def launch(self) -> None:
-        """Spend the host CPU of one run's launch on this thread, with the GIL released."""
-        self._burn.burn(self.settings.launch_ms / 1e3)
+            return (low + share * (cell.wall_ms_median - low)) * beyond, cell
+        return cell.wall_ms_median * beyond, cell
 
     def run(self, rows: int, length: int) -> float:
-        """Wait for the device, then keep it busy for one run's device time; returns that time
-        in seconds (what CUDA events would give)."""
-        seconds = self.device_ms(rows, length) / 1e3
+        """One run on this thread: its host parts and the device's turn; returns the device's
+        seconds."""
+        cost = self.cost(rows, length)
+        self.charge(cost, at_launch=True)
+        seconds = self.occupy(cost.device_s)
+        self.charge(cost, at_launch=False)
+        return seconds
+
+    def charge(self, cost: RunCost, at_launch: bool) -> None:
+        """Spend a run's host parts of one side on this thread (after the scale)."""
+        self._host.spend(cost.host_ms, at_launch, self.scale)
+
+    def occupy(self, seconds: float) -> float:
+        """Wait for the device, then keep it busy for ``seconds``; returns them (what CUDA
+        events would give)."""
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             time.sleep(seconds)
@@ -133,6 +188,28 @@ class SimDevice:
             if now - self._samples[-1][0] >= 0.1:
                 self._samples.append((now, self.busy_s()))
         return seconds
+
+    def submit(self, seconds: float) -> Ticket:
+        """Hand ``seconds`` of device time to the device's own thread, which spends them in
+        the order given, as a CUDA stream runs what was launched on it."""
+        ticket = Ticket(seconds)
+        with self._lock:
+            if self._queue is None:
+                self._queue = SimpleQueue()
+                threading.Thread(target=self._device_thread, args=(self._queue,), daemon=True,
+                                 name=f"sim-device-{self.index}").start()
+            self._queue.put(ticket)
+        return ticket
+
+    def _device_thread(self, queue: SimpleQueue[Ticket]) -> None:
+        while True:
+            ticket = queue.get()
+            try:
+                self.occupy(ticket.seconds)
+            except (OSError, ValueError):  # closed beneath it: nothing more runs
+                pass
+            finally:
+                ticket._done.set()
 
     def busy_s(self) -> float:
         """The device's total busy seconds, over every process that uses it."""
@@ -159,8 +236,13 @@ class SimDevice:
     def describe(self) -> str:
         """``simulated cuda:0 at 0.125 x pytorch cuda:0 fp16 cudagraphs (NVIDIA H200)``."""
         gpu = self.curve.data["machine"].get("gpu") or "unknown GPU"
+        host = "host parts " + ("on" if self.settings.host else "off")
         return (f"simulated device {self.index} at {self.scale:.3g} x {self.variant.label()} "
-                f"({gpu}), launch {self.settings.launch_ms:g} ms host CPU per run")
+                f"({gpu}), {host}")
+
+    def host_source(self) -> str:
+        """Where the host parts it spends come from, in words."""
+        return curve_source(self.curve.data) if self.settings.host else "off"
 
     def close(self) -> None:
         """Let go of the device file (it stays for the other processes)."""
@@ -170,40 +252,6 @@ class SimDevice:
             self._closed = True
         self._map.close()
         os.close(self._fd)
-
-
-class HostBurner:
-    """Burns host CPU for a given time on the calling thread without holding the GIL: hashing
-    a buffer, which CPython does with the GIL released, sized by a rate measured once."""
-
-    _BUFFER = bytes(1 << 20)
-    _rate: float | None = None  # bytes hashed per second, measured once per process
-    _lock = threading.Lock()
-
-    def burn(self, seconds: float) -> None:
-        """Hash about ``seconds`` worth of bytes."""
-        if seconds <= 0:
-            return
-        left = int(self.rate() * seconds)
-        view = memoryview(self._BUFFER)
-        while left > 0:
-            hashlib.sha1(view[:min(left, len(view))]).digest()
-            left -= len(view)
-
-    @classmethod
-    def rate(cls) -> float:
-        """Bytes per second this machine hashes (the best of five timings of the buffer)."""
-        with cls._lock:
-            if cls._rate is None:
-                best = min(_time_hash(cls._BUFFER) for _ in range(5))
-                cls._rate = len(cls._BUFFER) / max(best, 1e-6)
-            return cls._rate
-
-
-def _time_hash(buffer: bytes) -> float:
-    started = time.perf_counter()
-    hashlib.sha1(buffer).digest()
-    return time.perf_counter() - started
 
 
 def _gpu_variant(curve: CostCurve) -> Variant:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.sim_device import SimDevice, SimSettings, device_index
+from engines.base import Launched
+from engines.sim_device import RunCost, SimDevice, SimSettings, Ticket, device_index
 from engines.zero_engine import ZeroEngine
 
 SIM_ENGINE_WARNING = ("THIS SERVER'S ANSWERS ARE NOT MEANINGFUL: --inference_engine_type sim "
@@ -24,8 +25,10 @@ SIM_ENGINE_WARNING = ("THIS SERVER'S ANSWERS ARE NOT MEANINGFUL: --inference_eng
 
 
 class SimEngine(ZeroEngine):
-    """Random outputs of the batch's shape, each run costing one launch's host CPU (GIL
-    released) and its turn on simulated device ``device_index(device)``.
+    """Random outputs of the batch's shape, each run costing the real engine's host parts on
+    the host and its turn on simulated device ``device_index(device)``. It overlaps, as PyTorch's
+    CUDA graphs do: ``launch`` spends the host parts before the device and hands the device's
+    time to the device's thread; the result spends the parts after it.
 
     Args:
         model_dir: A prepared model folder; only its serving.json is read.
@@ -37,6 +40,7 @@ class SimEngine(ZeroEngine):
 
     name = "sim"
     device_bound = True
+    overlaps = True
 
     def __init__(self, model_dir: str | Path, *, device: str = "auto",
                  settings: SimSettings | None = None, max_tokens: int = 0) -> None:
@@ -48,12 +52,21 @@ class SimEngine(ZeroEngine):
         self.length_steps = tuple(self.sim.curve.data["lengths"])  # and lengths
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One batch: the launch, the device's turn, then random outputs; ``device_s`` is the
-        device time of the run."""
+        """One batch on this thread: the host parts and the device's turn, then random
+        outputs; ``device_s`` is the device time of the run."""
         rows, length = next(iter(feeds.values())).shape
-        self.sim.launch()
         self.device_s = self.sim.run(rows, length)
         return super().run(feeds)
+
+    def launch(self, feeds: Mapping[str, np.ndarray]) -> Launched:
+        """The host parts before the device on this thread; the device's time on its own."""
+        cost = self._cost(feeds)
+        self.sim.charge(cost, at_launch=True)
+        return SimLaunch(self, feeds, cost, self.sim.submit(cost.device_s))
+
+    def _cost(self, feeds: Mapping[str, np.ndarray]) -> RunCost:
+        rows, length = next(iter(feeds.values())).shape
+        return self.sim.cost(rows, length)
 
     def device_busy(self) -> float | None:
         """The simulated device's busy fraction of late, every process's runs counted."""
@@ -66,3 +79,19 @@ class SimEngine(ZeroEngine):
     def close(self) -> None:
         """Let go of the device file."""
         self.sim.close()
+
+
+class SimLaunch:
+    """A batch on the simulated device: ``result`` waits for the device (sleeping, as a blocking
+    CUDA wait), spends the host parts after it, and draws the outputs."""
+
+    def __init__(self, engine: SimEngine, feeds: Mapping[str, np.ndarray], cost: RunCost,
+                 ticket: Ticket) -> None:
+        self._engine, self._feeds, self._cost, self._ticket = engine, feeds, cost, ticket
+        self.device_s: float | None = None
+
+    def result(self) -> dict[str, np.ndarray]:
+        """The batch's outputs, once the device has run it."""
+        self.device_s = self._ticket.wait()
+        self._engine.sim.charge(self._cost, at_launch=False)
+        return ZeroEngine.run(self._engine, self._feeds)

@@ -14,12 +14,13 @@ import numpy as np
 import torch
 
 from engines import TORCH_GRAPH_AUTO, TORCH_GRAPHS
-from engines.base import TASK_OUTPUT_NAMES, Engine, check_outputs
+from engines.base import TASK_OUTPUT_NAMES, Engine, Launched, check_outputs
 from engines.model_dir import ModelInfo, load_model_info
 from engines.shapes import capture_lengths, graph_shapes, length_steps, row_steps
 from engines.task_models import TaskOutputs, load_task_model
 from engines.torch_cuda_graphs import Capture, CudaClock, ShapeGraphs, capture_checked
 from engines.torch_graph import Forward, run_graph, trace_checked
+from engines.torch_overlap import Launcher
 
 # transformers' from_pretrained is not safe to run in several threads at once (it builds the model
 # on the "meta" device and materialises it; concurrent loads fail with "Cannot copy out of meta
@@ -126,6 +127,7 @@ class TorchEngine(Engine):
         self.graph: str = "eager"
         self._traced: Forward | None = None
         self._graphs: ShapeGraphs | None = None
+        self._launcher: Launcher | None = None
         if graph != "eager":
             longest = min(max_seq_len or info.max_seq_len, info.max_seq_len)
             shapes = graph_shapes(capture_lengths(lengths, longest), max_tokens)
@@ -154,6 +156,9 @@ class TorchEngine(Engine):
             self.graph = "cudagraphs"
             self.row_steps = row_steps(self._graphs.shapes)  # batches pad rows to these
             self.length_steps = length_steps(self._graphs.shapes)  # and lengths
+            self._launcher = Launcher(self._graphs.replays, self.torch_device,
+                                      self.output_names, self._graphs.per_token)
+            self.overlaps = True  # an executor may copy the next batch in while one runs
 
     @torch.inference_mode()
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -166,6 +171,14 @@ class TorchEngine(Engine):
             outputs = self._run_eager(feeds)
         check_outputs(feeds, outputs)
         return outputs
+
+    def launch(self, feeds: Mapping[str, np.ndarray]) -> Launched:
+        """With CUDA graphs, start a batch without waiting for it (engines/torch_overlap.py);
+        a batch no captured shape holds runs now."""
+        stacked = np.stack([np.asarray(feeds[name], dtype=np.int64)
+                            for name in self.input_names])
+        launched = self._launcher.launch(stacked) if self._launcher is not None else None
+        return launched if launched is not None else super().launch(feeds)
 
     def _run_traced(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Inputs stacked into one array; the captured graph of the smallest shape that holds

@@ -15,7 +15,7 @@ def config_problems(config: ServerConfig, flags: dict[str, str]) -> list[str]:
     setting's flag, by name (``setting_flags()``)."""
     at_least_one = ("num_inference_sessions", "workers", "max_batch_size", "batch_lookahead",
                     "max_queue", "max_connections", "max_frame_size")
-    never_negative = ("claim_idle_ms", "sim_scale", "sim_launch_ms", "threads_per_session",
+    never_negative = ("claim_idle_ms", "sim_scale", "threads_per_session",
                       "max_batch_tokens",
                       "max_queue_delay_ms", "request_timeout_ms", "idle_timeout_s",
                       "frame_timeout_s", "auth_timeout_s",

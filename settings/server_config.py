@@ -71,6 +71,10 @@ class ServerConfig:
                             "its own, which batches the tokenized rows of every worker "
                             "(--workers N tokenize and decode); off: each worker owns its "
                             "engines (docs/architecture.md)", choices=("off", "on"))
+    executor_overlap: str = option("on", "with --executors on: on forms the next batch and "
+                                   "copies its inputs in while the device runs this one (on "
+                                   "engines that can: PyTorch's CUDA graphs, the sim engine); "
+                                   "off runs one batch at a time", choices=("on", "off"))
     cuda_devices: str | None = option(None, "GPUs for the workers, e.g. 0,1: worker i runs on "
                                       "cuda:<the (i mod count)-th of them> (overrides --device)")
     broker: str | None = option(None, "redis://[:PASSWORD@]HOST:PORT/DB (rediss:// for TLS): "
@@ -95,8 +99,11 @@ class ServerConfig:
     sim_scale: float = option(0.0, "sim engine: the device's speed against the GPU measured "
                               "(0: as fast against this machine's cores as that GPU was "
                               "against its machine's, e.g. 2/16 on 2 cores)")
-    sim_launch_ms: float = option(0.1, "sim engine: host CPU per run (the launch), burnt with "
-                                  "the GIL released")
+    sim_host: str = option("on", "sim engine: on spends each run's host parts (padding, "
+                           "copies, launch, unpacking; engines/sim_host.py) on the host, GIL "
+                           "held where the real engine holds it, and the rest of its time on "
+                           "the device; off spends all of it on the device",
+                           choices=("on", "off"))
     sim_device_dir: str | None = option(None, "sim engine: the folder of the simulated devices' "
                                         "files, which every process of the server shares "
                                         "(default: a new temporary folder per server)")

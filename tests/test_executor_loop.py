@@ -9,12 +9,16 @@ from multiprocessing import Pipe
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from engines.onnx_engine import OnnxEngine
+from engines.torch_cuda_graphs import TracedReplay
+from engines.torch_engine import TorchEngine
 from scheduling.cost_model import CostModel
 from scheduling.planner import BatchPolicy, plan_batch
 from scheduling.session import time_shapes
-from workers.executor_loop import Executor, JobState, Link, Piece, fill_step
+from workers.executor_jobs import JobState, Link, Piece, fill_step
+from workers.executor_loop import Executor
 from workers.executor_wire import Answer, Failure, Job, join_groups, split_by_length
 
 
@@ -105,16 +109,50 @@ def test_every_job_is_answered_once_with_its_own_rows_outputs(tiny_model_dir: Pa
     assert figures["pieces_waiting"] == 0
 
 
-def plain_executor(model_dir: Path) -> Executor:
-    """An executor over the tiny model on ONNX Runtime, its cost model unmeasured."""
-    engine = OnnxEngine(model_dir, device="cpu", intra_op_threads=1)
+def test_an_overlapping_executor_answers_every_job_once_with_its_own_rows_outputs(
+        tiny_model_dir: Path) -> None:
+    engine = TorchEngine(tiny_model_dir, device="cpu", threads=1, graph="cudagraphs",
+                         capture=TracedReplay, lengths=(64,), max_seq_len=64, max_tokens=1024)
+    assert engine.overlaps
+    policy = BatchPolicy(mode="auto", max_items=64, max_tokens=16 * 64,
+                         cost=CostModel(engine.row_steps, engine.length_steps), fill=True)
+    time_shapes(engine, policy, (64,))
+    executor = Executor(engine, policy, per_token=True, overlap=True)
+    assert executor.overlap
+    ours, theirs = Pipe()
+    link = Link(theirs)
+    jobs = [Job(n, split_by_length(batch_of([30 + n] * rows, 64, seed=n), (64,)).groups)
+            for n, rows in enumerate((5, 9, 13, 3, 7, 16, 1, 11))]
+    for job in jobs:
+        executor.submit(link, job)
+    answers = [ours.recv() for _ in jobs]
+    executor.stop(timeout=10)
+    assert not ours.poll(0.2)  # nothing answered twice
+    assert sorted(a.job_id for a in answers) == list(range(len(jobs)))
+    for answer in answers:
+        assert isinstance(answer, Answer)
+        [group] = jobs[answer.job_id].groups
+        for name, value in engine.run(group).items():
+            np.testing.assert_allclose(answer.outputs[0][name], value, rtol=1e-5, atol=1e-6)
+    assert executor.figures()["rows"] == 65 and executor.figures()["jobs"] == len(jobs)
+    assert Executor(engine, policy, per_token=True).overlap is False  # asked for, only
+
+
+def plain_executor(model_dir: Path, overlap: bool = False) -> Executor:
+    """An executor over the tiny model, its cost model unmeasured: on ONNX Runtime, or with
+    ``overlap`` on PyTorch's graphs (their CPU stand-in), launching batches as they run."""
+    engine = TorchEngine(model_dir, device="cpu", threads=1, graph="cudagraphs",
+                         capture=TracedReplay, lengths=(64,), max_seq_len=64,
+                         max_tokens=1024) if overlap else \
+        OnnxEngine(model_dir, device="cpu", intra_op_threads=1)
     policy = BatchPolicy(mode="auto", max_items=64, max_tokens=16 * 64, cost=CostModel(),
                          fill=True)
-    return Executor(engine, policy, per_token=True)
+    return Executor(engine, policy, per_token=True, overlap=overlap)
 
 
-def test_a_worker_gone_mid_answer_stops_no_one_else(tiny_model_dir: Path) -> None:
-    executor = plain_executor(tiny_model_dir)
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_worker_gone_mid_answer_stops_no_one_else(tiny_model_dir: Path, overlap: bool) -> None:
+    executor = plain_executor(tiny_model_dir, overlap)
     gone_end, gone_peer = Pipe()
     gone = Link(gone_peer)
     ours, theirs = Pipe()
@@ -132,8 +170,10 @@ def test_a_worker_gone_mid_answer_stops_no_one_else(tiny_model_dir: Path) -> Non
     gone.send(Job(0, []))  # a closed link: nothing sent, nothing raised
 
 
-def test_a_job_past_its_deadline_is_answered_so_and_never_runs(tiny_model_dir: Path) -> None:
-    executor = plain_executor(tiny_model_dir)
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_job_past_its_deadline_is_answered_so_and_never_runs(tiny_model_dir: Path,
+                                                               overlap: bool) -> None:
+    executor = plain_executor(tiny_model_dir, overlap)
     ours, theirs = Pipe()
     link = Link(theirs)
     group = split_by_length(batch_of([40] * 3, 64), (64,)).groups

@@ -17,8 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from client import Client
 from engines import load_engine
-from engines.cost_curve import load_cost_curve
+from engines.cost_curve import CostCurveError, load_cost_curve
 from engines.sim_device import DEFAULT_CURVE, SimDevice, SimSettings, device_index
+from engines.sim_host import DEVICE_FLOOR, PARTS
 from server import InferenceServer, ServerConfig
 from tests.helpers import CONTEXTS, QUESTIONS
 
@@ -31,7 +32,7 @@ def feeds(engine: object, rows: int, length: int) -> dict[str, np.ndarray]:
 
 def test_a_run_costs_the_curve_s_device_time_scaled_with_outputs_of_the_batch_s_shape(
         tiny_model_dir: Path, tmp_path: Path) -> None:
-    settings = SimSettings(scale=4.0, launch_ms=0.0, directory=str(tmp_path))
+    settings = SimSettings(scale=4.0, host=False, directory=str(tmp_path))
     engine = load_engine("sim", tiny_model_dir, device="cuda:3", sim=settings)
     try:
         curve = load_cost_curve(DEFAULT_CURVE)
@@ -44,6 +45,68 @@ def test_a_run_costs_the_curve_s_device_time_scaled_with_outputs_of_the_batch_s_
         cell = curve.lookup(variant, 8, 128)
         assert engine.device_s == pytest.approx(cell.wall_ms_median / 4.0 / 1e3)
         assert engine.sim.busy_s() == pytest.approx(engine.device_s)
+    finally:
+        engine.close()
+
+
+def test_host_parts_come_out_of_the_wall_time_and_the_device_gets_the_rest(
+        tmp_path: Path) -> None:
+    device = SimDevice(0, SimSettings(scale=2.0, directory=str(tmp_path)))
+    try:
+        for rows, length in [(1, 64), (5, 100), (32, 256), (64, 384)]:
+            cost = device.cost(rows, length)
+            assert set(cost.host_ms) == {part.name for part in PARTS}
+            host_s = sum(cost.host_ms.values()) / 2.0 / 1e3  # the parts are scaled too
+            assert cost.device_s + host_s == pytest.approx(device.device_ms(rows, length) / 1e3)
+            assert cost.device_s >= DEVICE_FLOOR * device.device_ms(rows, length) / 1e3 - 1e-12
+        small, large = device.cost(1, 64), device.cost(64, 256)
+        assert sum(large.host_ms.values()) > sum(small.host_ms.values())  # more to copy
+        assert "estimated" in device.host_source()
+    finally:
+        device.close()
+    off = SimDevice(0, SimSettings(scale=2.0, host=False, directory=str(tmp_path)))
+    try:
+        assert off.cost(5, 100).host_ms == {}
+        assert off.cost(5, 100).device_s == pytest.approx(off.device_ms(5, 100) / 1e3)
+    finally:
+        off.close()
+
+
+def test_a_curve_s_measured_host_parts_are_spent_where_it_has_them(tmp_path: Path) -> None:
+    data = json.loads(DEFAULT_CURVE.read_text())
+    for cell in data["cells"]:
+        cell["host_ms"] = {"pad": 0.1, "copy_in": 0.05, "launch": 0.02, "copy_out": 0.05,
+                           "unpack": 0.08}
+    path = tmp_path / "curve.json"
+    path.write_text(json.dumps(data))
+    device = SimDevice(0, SimSettings(curve=str(path), scale=1.0, directory=str(tmp_path)))
+    try:
+        cost = device.cost(8, 128)
+        assert cost.host_ms == pytest.approx({"pad": 0.1, "copy_in": 0.05, "launch": 0.02,
+                                              "copy_out": 0.05, "unpack": 0.08})
+        assert device.host_source() == "measured per shape by the GPU check"
+    finally:
+        device.close()
+    data["cells"][0]["host_ms"] = {"pad": -1}
+    path.write_text(json.dumps(data))
+    with pytest.raises(CostCurveError, match="host_ms"):
+        load_cost_curve(path)
+
+
+def test_launched_runs_take_the_device_in_order_and_each_result_its_own_time(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    settings = SimSettings(scale=4.0, directory=str(tmp_path))
+    engine = load_engine("sim", tiny_model_dir, device="cuda:0", sim=settings)
+    try:
+        assert engine.overlaps
+        shapes = [(5, 100), (32, 256), (1, 64)]
+        launched = [engine.launch(feeds(engine, *shape)) for shape in shapes]
+        for shape, run in zip(shapes, launched, strict=True):
+            outputs = run.result()
+            assert outputs["start_logits"].shape == shape
+            assert run.device_s == pytest.approx(engine.sim.cost(*shape).device_s)
+        busy = sum(engine.sim.cost(*shape).device_s for shape in shapes)
+        assert engine.sim.busy_s() == pytest.approx(busy)  # the device's time, not the host's
     finally:
         engine.close()
 
@@ -94,7 +157,7 @@ def test_a_curve_missing_shapes_is_refused_at_load(tmp_path: Path) -> None:
 
 
 def test_the_busy_share_is_read_safely_beside_runs_and_not_after_close(tmp_path: Path) -> None:
-    device = SimDevice(0, SimSettings(scale=1000.0, launch_ms=0.0, directory=str(tmp_path)))
+    device = SimDevice(0, SimSettings(scale=1000.0, host=False, directory=str(tmp_path)))
     failures: list[BaseException] = []
     stop = threading.Event()
 
@@ -137,7 +200,7 @@ CHILD = """
 import json, sys, time
 sys.path.insert(0, {root!r})
 from engines.sim_device import SimDevice, SimSettings
-device = SimDevice({index}, SimSettings(scale={scale}, launch_ms=0.0, directory={folder!r}))
+device = SimDevice({index}, SimSettings(scale={scale}, host=False, directory={folder!r}))
 while time.monotonic() < {start}:
     time.sleep(0.001)
 began = time.monotonic()

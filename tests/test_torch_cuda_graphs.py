@@ -18,6 +18,7 @@ import torch
 from client import Client
 from engines import SETTING_CHOICES, TORCH_GRAPHS, load_engine
 from engines.shapes import capture_lengths, graph_shapes, pick_shape
+from engines.sim_host import PARTS
 from engines.torch_cuda_graphs import CudaGraphCapture, ShapeGraphs, TracedReplay
 from engines.torch_engine import TorchEngine
 from engines.torch_graph import Forward, Stacked
@@ -130,6 +131,35 @@ def test_a_batch_larger_than_every_captured_shape_runs_the_traced_graph(
                                    rtol=1e-5, atol=1e-6)
     graphed.run(_feeds(2, 64))
     assert graphed.last_shape == (2, 64)
+
+
+def test_launched_batches_in_flight_together_give_what_each_run_gives(
+        graphed: TorchEngine) -> None:
+    assert graphed.overlaps  # an executor may copy the next batch in while one runs
+    shapes = [(3, 40), (16, 128), (1, 7), (3, 40), (33, 64)]  # the last: no captured shape
+    batches = [_feeds(*shape, seed=n) for n, shape in enumerate(shapes)]
+    launched = [graphed.launch(batches[0])]
+    answers = []
+    for feeds in batches[1:]:  # two in flight: each launched before the last one is taken
+        launched.append(graphed.launch(feeds))
+        answers.append(launched.pop(0).result())
+    answers.append(launched.pop(0).result())
+    for feeds, answer in zip(batches, answers, strict=True):
+        want = graphed.run(feeds)
+        for name, value in want.items():
+            assert answer[name].shape == value.shape and answer[name].dtype == np.float32
+            np.testing.assert_allclose(answer[name], value, rtol=1e-6, atol=1e-7)
+
+
+def test_the_gpu_check_times_each_host_part_of_a_graph_s_run(
+        graphed: TorchEngine, traced: TorchEngine) -> None:
+    from bench.host_parts import host_parts_ms
+
+    parts = host_parts_ms(graphed, _feeds(3, 40), runs=3)
+    assert set(parts) == {part.name for part in PARTS}  # what a simulated device spends
+    assert all(ms >= 0 for ms in parts.values()) and parts["pad"] > 0
+    assert host_parts_ms(graphed, _feeds(33, 64), runs=1) == {}  # no captured shape holds it
+    assert host_parts_ms(traced, _feeds(3, 40), runs=1) == {}  # no graphs
 
 
 def test_embeddings_are_cut_back_to_the_batchs_rows_only(tmp_path: Path) -> None:

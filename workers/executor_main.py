@@ -106,11 +106,13 @@ def run_executor(config: ServerConfig, device: str, address: str, authkey: bytes
         log.error("cannot start: %s: %s", type(exc).__name__, exc)
         control.send(Failed(f"{type(exc).__name__}: {exc}"))
         return 1
-    executor = Executor(engine, policy, per_token=info.task not in FIXED_WIDTH_TASKS)
+    executor = Executor(engine, policy, per_token=info.task not in FIXED_WIDTH_TASKS,
+                        overlap=config.executor_overlap == "on")
     threading.Thread(target=accept_forever, args=(listener, executor, authkey), daemon=True,
                      name="accept").start()
     control.send(Ready(engine.describe()))
-    log.info("serving %s for every worker at %s", engine.describe(), address)
+    log.info("serving %s for every worker at %s%s", engine.describe(), address,
+             "; the next batch copied in while one runs" if executor.overlap else "")
     try:
         while isinstance(asked := control.recv(), AskStats):
             control.send(Stats(asked.token, executor.figures()))

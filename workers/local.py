@@ -85,7 +85,7 @@ def default_engine_factory(config: ServerConfig, device: str,
                    max_seq_len=config.max_seq_len, max_tokens=config.max_batch_tokens,
                    onnx_cuda_graphs=config.onnx_cuda_graphs == "on",
                    sim=SimSettings(curve=config.sim_cost_curve, scale=config.sim_scale,
-                                   launch_ms=config.sim_launch_ms,
+                                   host=config.sim_host == "on",
                                    directory=config.sim_device_dir))
 
 
