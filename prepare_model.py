@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "--precision fp16; kept only if its answers agree with fp32's on at least "
                         "--fp16_min_agreement of the evaluation cases")
     p.add_argument("--fp16_min_agreement", type=float, default=0.99,
-                   help="share of fp32's answers the fp16 export must give (a random model's "
+                   help="share of fp32's answers the fp16 export must give, and on a GPU "
+                        "PyTorch fp16 (else the server runs fp32 there) (a random model's "
                         "near-flat logits flip easily: 0 keeps it whatever, and records it)")
     for flag, dest in ALIASES.items():
         store_true = {"action": "store_true"} if p.get_default(dest) is False else {}
@@ -325,6 +326,7 @@ def prepare(args: argparse.Namespace, task: str, source: Source,
     from engines.model_dir import METADATA_FILE, NOT_MEANINGFUL_WARNING, RANDOM_MODEL_WARNING
     from preparation.export import export_model_dir
     from preparation.fp16 import FP16_FILE
+    from preparation.torch_fp16 import check_on_gpu
 
     (out / METADATA_FILE).unlink(missing_ok=True)  # the folder is incomplete until we finish
     (out / FP16_FILE).unlink(missing_ok=True)  # an earlier model's
@@ -341,6 +343,7 @@ def prepare(args: argparse.Namespace, task: str, source: Source,
                             warning=warning, squad2=squad2, opset=args.opset,
                             tolerance=args.tolerance, max_seq_len=source.max_seq_len)
     status = _export_fp16(out, args.fp16_min_agreement) if args.fp16 else 0
+    check_on_gpu(out, args.fp16_min_agreement)  # PyTorch fp16, where torch sees a GPU
     detail = {"qa": f"no_answer: {'on' if squad2 else 'off'}",
               "embed": f"dim: {info.embedding_dim}; max_seq_len: {info.max_seq_len}",
               "classify": f"labels: {', '.join(info.labels or [])}"}[task]

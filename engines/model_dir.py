@@ -59,6 +59,9 @@ class ModelInfo:
     onnx_opset: int = 17
     onnx_max_abs_diff: float | None = None
     fp16: dict[str, Any] | None = None  # preparation/fp16.py: its file and its parity with fp32
+    #: preparation/torch_fp16.py: PyTorch float16 on CUDA against float32, where prepare_model.py
+    #: ran on a GPU (``agrees``: within its threshold); None: not checked
+    torch_fp16: dict[str, Any] | None = None
     labels: list[str] | None = None  # classify: the label of each logit, in order
     embedding_dim: int | None = None  # embed: the length of each vector
     created: str = ""
@@ -112,6 +115,8 @@ _FIELD_TYPES: dict[str, tuple[Any, str]] = {
                      "a positive integer")),
     "warning": (lambda v: v is None or isinstance(v, str), "a string or null"),
     "labels": (lambda v: v is None or _is_names(v), "null or a non-empty list of strings"),
+    **dict.fromkeys(("fp16", "torch_fp16"),
+                    (lambda v: v is None or isinstance(v, dict), "an object or null")),
     "embedding_dim": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
                       "an integer or null"),
 }

@@ -130,18 +130,26 @@ def check_parity(folder: Path, info: ModelInfo, cases: list[tuple[str, str]]) ->
     def run(feeds: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
         return [dict(zip(names, s.run(names, feeds), strict=True)) for s in sessions]
 
-    compare = _qa_compare if info.task == "qa" else _text_compare
-    agreeing, largest, count = compare(folder, info, cases, run)
+    agreeing, largest, count = compare_answers(folder, info, cases, run)
     checked_on = "cuda" if CUDA_PROVIDER in sessions[1].get_providers() else "cpu"
     return {"cases": count, "agreeing": agreeing, "checked_on": checked_on,
             "agreement": agreeing / max(1, count), "max_abs_logit_diff": largest}
 
 
-_Runner = Callable[[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]
+#: Runs one batch's feeds on the reference model and on the one checked: [reference, checked].
+Runner = Callable[[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]
+
+
+def compare_answers(folder: Path, info: ModelInfo, cases: list[tuple[str, str]],
+                    run: Runner) -> tuple[int, float, int]:
+    """(answers that agree, largest output difference, cases checked) of the folder's task on
+    ``cases``, each run through ``run``: the reference's answer against the checked one's."""
+    compare = _qa_compare if info.task == "qa" else _text_compare
+    return compare(folder, info, cases, run)
 
 
 def _qa_compare(folder: Path, info: ModelInfo, cases: list[tuple[str, str]],
-                run: _Runner) -> tuple[int, float, int]:
+                run: Runner) -> tuple[int, float, int]:
     """(answers that agree, largest logit difference over real tokens, cases) for QA."""
     from tasks.qa import QAConfig, QATask
 
@@ -166,7 +174,7 @@ def _qa_compare(folder: Path, info: ModelInfo, cases: list[tuple[str, str]],
 
 
 def _text_compare(folder: Path, info: ModelInfo, cases: list[tuple[str, str]],
-                  run: _Runner) -> tuple[int, float, int]:
+                  run: Runner) -> tuple[int, float, int]:
     """(answers that agree, largest output difference, texts) for embed and classify: every
     question and every context of ``cases`` is one text."""
     from tasks.rows import stack_rows

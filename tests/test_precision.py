@@ -12,8 +12,9 @@ import pytest
 
 from client import Client
 from engines import load_engine
-from engines.model_dir import METADATA_FILE, load_model_info
+from engines.model_dir import METADATA_FILE, ModelDirError, load_model_info
 from preparation.fp16 import FP16_FILE, Fp16ParityError, check_parity, export_fp16
+from preparation.torch_fp16 import record_torch_check
 from server import InferenceServer, ServerConfig
 from tests.helpers import CONTEXTS, QUESTIONS, nan_model_dir
 
@@ -126,3 +127,35 @@ def test_the_benchmark_names_the_precision_each_raw_engine_ran(fp16_dir: Path,
     args = parse_args(["--device", "cuda:1", "--precision", "fp16", "--server_args", "--workers 2"])
     assert server_flags(args) == ["--workers", "2", "--device", "cuda:1", "--precision", "fp16"]
     assert server_flags(parse_args([])) == []
+
+
+def test_pytorch_at_half_precision_is_checked_against_fp32_and_recorded(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """prepare_model.py's check on a GPU (float16 on CUDA), run here in bfloat16 on the CPU."""
+    folder = tmp_path / "qa"
+    shutil.copytree(tiny_model_dir, folder)
+    assert load_model_info(folder).torch_fp16 is None  # a folder prepared before: unchecked
+    cases = list(zip(QUESTIONS, CONTEXTS, strict=False))
+    info = record_torch_check(folder, cases=cases, device="cpu", precision="bf16")
+    check = json.loads((folder / METADATA_FILE).read_text())["torch_fp16"]
+    assert check == info.torch_fp16 and check["min_agreement"] == 0.99
+    assert (check["precision"], check["checked_on"], check["cases"]) == ("bf16", "cpu", len(cases))
+    assert 0 < check["max_abs_logit_diff"] < 0.1  # bfloat16 rounding: not zero, not large
+    assert check["agrees"] is (check["agreement"] >= 0.99)
+    refused = record_torch_check(folder, min_agreement=1.01, cases=cases[:2], device="cpu",
+                                 precision="bf16").torch_fp16 or {}
+    assert refused["agrees"] is False and refused["cases"] == 2  # no share passes 101%
+
+
+def test_the_pytorch_check_refuses_a_precision_the_device_cannot_run(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "qa"
+    shutil.copytree(tiny_model_dir, folder)
+    with pytest.raises(ValueError, match="cannot run fp16 on cpu"):
+        record_torch_check(folder, cases=[(QUESTIONS[0], CONTEXTS[0])], device="cpu",
+                           precision="fp16")
+    meta = json.loads((folder / METADATA_FILE).read_text())
+    assert meta.get("torch_fp16") is None
+    (folder / METADATA_FILE).write_text(json.dumps({**meta, "torch_fp16": "yes"}))
+    with pytest.raises(ModelDirError, match="torch_fp16 must be an object or null"):
+        load_model_info(folder)
