@@ -1,6 +1,7 @@
 """A raw-TCP, msgpack-framed question-answering inference server.
 
-    python prepare_model.py && python server.py        # 127.0.0.1:9999, 2 ONNX sessions
+    python prepare_model.py && python server.py        # 127.0.0.1:9999; ONNX on the CPU,
+                                                       # PyTorch fp16 on a GPU box
     python server.py --host 0.0.0.0 --inference_engine_type pytorch
     python server.py --unix_socket /run/qa/qa.sock --port -1           # a Unix socket only
     python server.py --host 0.0.0.0 --tls_cert server.crt --tls_key server.key   # TLS
@@ -53,6 +54,7 @@ from transport.unix import describe
 from workers.backend import Backend
 from workers.cpu_policy import SETTING_CHOICES as CPU_SETTINGS
 from workers.cpu_policy import apply_cpu_scheduling
+from workers.engine_choice import choose_engine
 from workers.layout import choose_layout
 
 log = logging.getLogger("server")
@@ -384,7 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     both with ``os._exit`` (an engine still loading cannot be interrupted or waited for)."""
     registry = setting_registry()
     config = parse_args(__doc__, argv, registry=registry)
-    layout = choose_layout(config, given_settings(argv, registry))
+    given = given_settings(argv, registry)
+    engine = choose_engine(config, given)  # before the layout, which lays out for the engine
+    layout = choose_layout(engine.config, given)
     config = layout.config
     stop = threading.Event()
 
@@ -398,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)  # first: a stop is handled from the first log line
     signal.signal(signal.SIGTERM, on_signal)
     # before any thread or worker process starts: they inherit it (workers/cpu_policy.py)
-    log_start(config, apply_cpu_scheduling(config.cpu_scheduling).explained(), layout.why)
+    log_start(config, apply_cpu_scheduling(config.cpu_scheduling).explained(), engine.why,
+              layout.why)
     if config.role == "worker":  # run the model for the front ends of --broker until stopped
         from broker.worker_main import run_worker
 

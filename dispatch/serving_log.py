@@ -1,7 +1,8 @@
-"""The start-up log a person reads: the layout, the models as they start loading, one line per
-model as it is ready, and where the server serves and how to stop it. Each line stays under
-about 120 characters; the detail (each model's engine, its batch cost model, the CPU scheduling,
-every limit) is at DEBUG (``--log_level DEBUG``), and all of it is in ``client.py --stats``.
+"""The start-up log a person reads: the engine and the layout, the models as they start
+loading, one line per model as it is ready, and where the server serves and how to stop it.
+Each line stays under about 120 characters; the detail (each model's engine, its batch cost
+model, the CPU scheduling, every limit) is at DEBUG (``--log_level DEBUG``), and all of it is
+in ``client.py --stats``.
 
 A broker front end (``--broker``) has a tokenizer and no engine: its lines say that the broker's
 workers run the model, each with its own engine, sessions and batching (their own settings).
@@ -19,9 +20,12 @@ from settings.server_config import ServerConfig
 log = logging.getLogger("server")  # the server's start-up log, whichever module writes it
 
 
-def log_start(config: ServerConfig, scheduling: str, layout: str) -> None:
-    """The first lines: the layout chosen, and (at DEBUG) the CPU scheduling policy."""
+def log_start(config: ServerConfig, scheduling: str, engine: str, layout: str) -> None:
+    """The first lines: the engine (none said: a ``--broker`` front end runs none) and the
+    layout chosen, each with why, and (at DEBUG) the CPU scheduling policy."""
     log.debug("CPU scheduling: %s", scheduling)
+    if engine:
+        log.info("engine: %s", engine)
     log.info("layout: %s", layout)
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 
 #: Simulated GPUs the sim engine offers (``--cuda_devices`` 0 to 15).
@@ -45,6 +46,17 @@ def usable_gpus(engine_type: str) -> tuple[int, str]:
                        "build is onnxruntime-gpu: docker/requirements-gpu.txt)")
     count = visible_gpus()
     return count, "" if count else "no NVIDIA GPU or driver is visible (NVML)"
+
+
+def torch_cuda_gpus() -> int:
+    """CUDA devices PyTorch sees, whichever onnxruntime build is installed; 0 without torch.
+    Where NVML shows no GPU, 0 without importing torch (its import costs seconds and 200 MB)."""
+    if importlib.util.find_spec("pynvml") is not None and visible_gpus() == 0:
+        return 0
+    try:
+        return usable_gpus("pytorch")[0]
+    except ImportError:
+        return 0
 
 
 def check_cuda_devices(engine_type: str, indices: Sequence[int]) -> None:

@@ -88,11 +88,13 @@ class ServerConfig:
                                 "holds, e.g. qa,embed (default: all of them)")
     claim_idle_ms: float = option(15000.0, "a worker claims work another worker took and left "
                                   "unanswered this long (it died): the visibility timeout")
-    inference_engine_type: str = option("onnx", "engine backend (zero: no model, random "
-                                        "answers; for front-end benchmarks only; sim: random "
-                                        "answers at a simulated GPU's cost, for tests and "
-                                        "benchmarks of the GPU layout, docs/gpu.md)",
-                                        choices=OWNED)
+    inference_engine_type: str = option("onnx", "engine backend; not given (nor in --config), "
+                                        "a GPU box, where PyTorch sees a CUDA device, gets "
+                                        "pytorch at fp16 (unless --precision), else onnx "
+                                        "(docs/gpu.md) (zero: no model, random answers; for "
+                                        "front-end benchmarks only; sim: random answers at a "
+                                        "simulated GPU's cost, for tests and benchmarks of the "
+                                        "GPU layout)", choices=OWNED)
     sim_cost_curve: str | None = option(None, "sim engine: the GPU cost curve it follows, a "
                                         "file the GPU check wrote (default: one H200's, "
                                         "engines/data/cost_curve_h200.json)")
@@ -111,7 +113,9 @@ class ServerConfig:
                             "repository: each subfolder holding one is a model of that name, "
                             "all served at once (docs/tasks.md)")
     device: str = option("auto", "auto, cpu, cuda or cuda:N (auto: GPU if any)")
-    precision: str = option("fp32", "engine arithmetic: fp16 runs model_fp16.onnx "
+    precision: str = option("fp32", "engine arithmetic (a GPU box's automatic pytorch: fp16, "
+                            "or fp32 where prepare_model.py found fp16 disagreeing): fp16 runs "
+                            "model_fp16.onnx "
                             "(prepare_model.py --fp16) or float16 PyTorch on CUDA; bf16 runs "
                             "bfloat16 PyTorch; where it cannot, the server says so and runs fp32",
                             choices=OWNED)
