@@ -4,6 +4,7 @@ checked as server.py checks them, the machine, and the candidates."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -20,6 +21,7 @@ from tuning.choice import Asked
 from tuning.space import Machine, search_space
 from tuning.trial import Server
 from tuning.tuner import Plan
+from workers.engine_choice import choose_engine
 
 #: Engines whose answers are random: their trials' answers are not checked.
 RANDOM_ENGINES = ("zero", "sim")
@@ -50,6 +52,9 @@ def plan_from(args: argparse.Namespace, fixed: list[str], asked: Asked,
         raise SetupError(f"--{owned[0]} after -- is the tuner's to set (each trial listens on "
                          "127.0.0.1, a free port, plain TCP, no token): tune without it and add "
                          "it to the winner's command line")
+    if chosen := _engine_flags(config, given, args.model_dir):  # server.py's own pick
+        fixed = [*fixed, *chosen]
+        config, given = _fixed_settings(fixed, registry)
     device = config.device if "device" in given else None
     engine = config.inference_engine_type
     machine = Machine.here(engine, device)
@@ -75,6 +80,17 @@ def _as_file_settings(config: ServerConfig, given: set[str]) -> tuple[tuple[str,
     values, in ServerConfig's order: what the winner's settings file holds first."""
     return tuple((flag[2:], getattr(config, name)) for name, flag in setting_flags().items()
                  if name in given)
+
+
+def _engine_flags(config: ServerConfig, given: set[str], model_dir: str) -> list[str]:
+    """The engine server.py chooses for itself here (workers/engine_choice.py: PyTorch on a GPU
+    box), as a flag, where the fixed flags leave it open: so that the trials, and the winner's
+    settings file, run the engine server.py would run (its precision is searched on a GPU)."""
+    if "inference_engine_type" in given:
+        return []
+    chosen = choose_engine(replace(config, model_dir=model_dir), given).config
+    engine = chosen.inference_engine_type
+    return [] if engine == config.inference_engine_type else ["--inference_engine_type", engine]
 
 
 def _fixed_settings(fixed: list[str], registry: SettingRegistry) -> tuple[ServerConfig,
