@@ -14,9 +14,10 @@ from ``--started_at``) runs out:
    (``engines.TORCH_GRAPHS``) at fp16 on CUDA (fp32 on the CPU), and ONNX on the providers its
    onnxruntime has, over rows x length buckets: the cost curve (engines/cost_curve.py's schema),
    written to ``OUT/cost_curve.json``.
-3. **The server** in each layout (one process; ``--workers N``): p50 at 1 client (closed
-   loop), then requests/s at saturation under bench/pipeload.py's lean pipelined load, with
-   NVML utilisation, memory and power sampled during it.
+3. **The server**: ``python server.py`` with no flags but the model's (what a user gets by
+   default), then each engine in each layout (one process; ``--workers N``; executors): p50
+   at 1 client (closed loop), then requests/s at saturation under bench/pipeload.py's lean
+   pipelined load, with NVML utilisation, memory and power sampled during it.
 
 It prints the tables (bench/gpu_check_report.py) and writes ``OUT/gpu_check.json``.
 """
@@ -47,6 +48,9 @@ from settings.cli import HelpFormatter  # noqa: E402
 BUCKETS = ",".join(map(str, LENGTHS))
 #: Seconds kept back from the budget for the report and the processes' exits.
 END_MARGIN_S = 15.0
+#: The server run with no engine, layout or batching flag: what a user's ``python server.py``
+#: picks on this machine (its row says what it picked).
+DEFAULT, DEFAULT_LAYOUT = "default", "python server.py"
 #: Where the GPU check finds the tokenizer it carries (bench/gpu_check.sh --fill puts it there).
 CARRIED_TOKENIZER = ROOT / ".whl" / "tokenizer"
 
@@ -153,9 +157,11 @@ def _grid_part(args: argparse.Namespace, model_dir: str, asked: dict[str, Any],
 
 
 def server_plan(args: argparse.Namespace) -> list[tuple[str, str | None, str, list[str]]]:
-    """(engine, graph, layout, flags) of every server to measure: PyTorch's at its default graph
-    (``--server_graphs`` for others), and ONNX's where its onnxruntime has CUDA; the same on the
-    dry run, so that it runs what the GPU machine will."""
+    """(engine, graph, layout, flags) of every server to measure: first ``python server.py``
+    with no flags but the model's (``DEFAULT``: what it picks here, workers/engine_choice.py
+    and workers/layout.py), then PyTorch's at its default graph (``--server_graphs`` for
+    others), and ONNX's where its onnxruntime has CUDA; the same on the dry run, so that it
+    runs what the GPU machine will."""
     from settings.server_config import ServerConfig
 
     default = ServerConfig().pytorch_graph  # "auto": what it picks on this device, by name
@@ -169,8 +175,9 @@ def server_plan(args: argparse.Namespace) -> list[tuple[str, str | None, str, li
     for workers in args.executor_workers:
         layouts[f"--workers {workers} --executors on"] = ["--workers", str(workers),
                                                          "--executors", "on"]
-    return [(engine, graph, layout, flags) for engine, graph in engines
-            for layout, flags in layouts.items()]
+    return [(DEFAULT, None, DEFAULT_LAYOUT, [])] + \
+        [(engine, graph, layout, flags) for engine, graph in engines
+         for layout, flags in layouts.items()]
 
 
 def measure_servers(args: argparse.Namespace, model_dir: str,
@@ -189,9 +196,9 @@ def measure_servers(args: argparse.Namespace, model_dir: str,
                                            f"{args.server_estimate_s:.0f})"})
             print(f"  {engine} {layout}: {rows[-1]['skipped']}", flush=True)
             continue
-        server_flags = ["--device", args.device, "--precision", "fp32" if args.dry else
-                        args.precision, "--length_buckets", BUCKETS, *flags,
-                        *(["--pytorch_graph", graph] if graph else [])]
+        server_flags = [] if engine == DEFAULT else [
+            "--device", args.device, "--precision", "fp32" if args.dry else args.precision,
+            "--length_buckets", BUCKETS, *flags, *(["--pytorch_graph", graph] if graph else [])]
         try:
             rows.append({**row, **measure_server(engine, model_dir, server_flags, pairs,
                                                  sampler, args, budget)})

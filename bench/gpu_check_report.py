@@ -7,7 +7,9 @@ ran on, and the tables it prints.
 with ``cost_curve_problems`` (empty when it follows the schema), ``engines`` (each variant's
 description, load time and ``request_batch1``: one request of the mix through the whole task
 at batch 1) and ``servers`` (per engine and layout: ``one_client`` p50/p90, ``saturation``
-requests/s, mean batch and NVML figures; or ``skipped``/``failed`` with why).
+requests/s, mean batch and NVML figures, ``chosen``: the engine and layout it ran; or
+``skipped``/``failed`` with why; the first, engine ``default``, is ``python server.py`` with no
+engine or layout flag, and ``chosen`` says what it picked).
 """
 
 from __future__ import annotations
@@ -155,7 +157,9 @@ def server_table(check: dict[str, Any]) -> str:
              "at batch 1, ms | req/s saturated | mean batch | GPU util % | GPU MiB | GPU W |",
              "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in check["servers"]:
-        head = f"| {row['engine']} | {row.get('graph') or '-'} | {row['layout']} |"
+        engine = picked(row) if row.get("chosen") and row["engine"] == "default" else \
+            row["engine"]
+        head = f"| {engine} | {row.get('graph') or '-'} | {row['layout']} |"
         if "saturation" not in row:
             lines.append(f"{head} {one_line(row.get('skipped') or row.get('failed') or '')} |")
             continue
@@ -166,6 +170,14 @@ def server_table(check: dict[str, Any]) -> str:
                      f"{_ms(alone.get((row['engine'], row.get('graph'))))} | "
                      f"{sat['throughput_rps']:.1f} | {_batch(sat)} | " + " | ".join(nvml) + " |")
     return "\n".join(lines)
+
+
+def picked(row: dict[str, Any]) -> str:
+    """What the default server chose, in words: ``default: pytorch fp16, 4 workers, executors
+    on``."""
+    chosen = row.get("chosen") or {}
+    return (f"default: {chosen.get('inference_engine_type')} {chosen.get('precision')}, "
+            f"{chosen.get('workers')} workers, executors {chosen.get('executors')}")
 
 
 def _batch(sat: dict[str, Any]) -> str:

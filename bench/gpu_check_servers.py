@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from bench.figures import executor_breakdown, server_breakdown
-from bench.gpu_check_report import Budget
+from bench.gpu_check_report import Budget, picked
 from bench.nvml import NvmlSampler
 from bench.pipeload import run_pipelined
 from bench.runs import run_closed_loop
@@ -21,6 +21,9 @@ from clients.blocking import Client
 #: processes, seconds) at saturation: a GPU run's, then the dry run's.
 ONE_CLIENT = {False: (200, 6.0), True: (10, 3.0)}
 SATURATION = {False: (32, 8, 4, 8.0), True: (4, 4, 1, 1.0)}
+#: The settings each row records as the server ran them (the default server chose them).
+CHOSEN = ("inference_engine_type", "precision", "pytorch_graph", "workers", "executors",
+          "num_inference_sessions")
 #: Most seconds a server may take to start (loading, tracing, warming every bucket).
 START_S = {False: 120.0, True: 60.0}
 
@@ -34,13 +37,16 @@ def measure_server(engine: str, model_dir: str, flags: list[str], pairs: list[tu
         RuntimeError: it did not start, or a load process failed.
     """
     started = time.perf_counter()
-    proc, port = start_server(engine, model_dir, args.sessions, flags,
+    proc, port = start_server(None if engine == "default" else engine, model_dir,
+                              args.sessions, flags,
                               timeout_s=min(START_S[args.dry], max(5.0, budget.left())))
     row: dict[str, Any] = {"flags": flags, "start_s": round(time.perf_counter() - started, 1)}
     try:
         with Client("127.0.0.1", port) as client:
-            described = client.stats(timeout=30)["engine"]
-        row.update(precision=described.get("precision"), describe=described.get("description"))
+            stats = client.stats(timeout=30)
+        described = stats["engine"]
+        row.update(precision=described.get("precision"), describe=described.get("description"),
+                   chosen={k: stats["config"].get(k) for k in CHOSEN})
         requests, seconds = ONE_CLIENT[args.dry]
         one = run_closed_loop("127.0.0.1", port, clients=1, requests_per_client=requests,
                               pairs=pairs, warmup=2 * args.sessions, progress=False,
@@ -59,7 +65,8 @@ def measure_server(engine: str, model_dir: str, flags: list[str], pairs: list[tu
                 f"{sat['executor_jobs_per_batch']:.1f} jobs, "
                 f"{sat['executor_engine_ms_per_batch']:.2f} ms in the engine each, loop idle "
                 f"{sat['executor_idle_share']:.0%}")
-    print(f"  {engine} {' '.join(flags)}: p50 {row['one_client']['p50_ms']:.2f} ms at 1 client; "
+    label = " ".join([picked(row) if engine == "default" else engine, *flags])
+    print(f"  {label}: p50 {row['one_client']['p50_ms']:.2f} ms at 1 client; "
           f"{sat['throughput_rps']:.1f} req/s saturated, mean batch {sat['mean_batch']:.2f}"
           f"{gpu} ({row['elapsed_s']:.0f} s)", flush=True)
     return row

@@ -44,13 +44,15 @@ def task_model_dir(model_dir: str, task: str) -> str:
 LAYOUT_FLAGS = frozenset({"--workers", "--executors", "--broker", "--role"})
 
 
-def start_server(kind: str, model_dir: str, sessions: int, extra: list[str],
+def start_server(kind: str | None, model_dir: str, sessions: int, extra: list[str],
                  timeout_s: float | None = None, root: Path = ROOT,
                  cwd: Path | None = None) -> tuple[Any, int]:
     """A real server process on a free port; returns (process, port). Its layout is what
     ``extra`` says: one process where it names none (no ``--workers``, ``--executors``,
     ``--broker`` or ``--role``), not the layout server.py would choose for the machine
-    (workers/layout.py), so that a benchmark measures the layout it names. ``root``: the
+    (workers/layout.py), so that a benchmark measures the layout it names. ``kind`` None:
+    server.py's own choices, with no engine, sessions or layout flag but ``extra``'s
+    (workers/engine_choice.py, workers/layout.py; ``sessions`` unused). ``root``: the
     checkout whose server.py runs (another commit's, to compare two in one run); ``cwd``: the
     folder relative paths in ``extra`` start from (default: ``root``).
 
@@ -58,10 +60,11 @@ def start_server(kind: str, model_dir: str, sessions: int, extra: list[str],
         RuntimeError: it exited before serving, or (``timeout_s``) was not serving that many
             seconds after its start (it is killed then).
     """
-    named = any(arg.split("=")[0] in LAYOUT_FLAGS for arg in extra)
+    named = kind is None or any(arg.split("=")[0] in LAYOUT_FLAGS for arg in extra)
+    chosen = [] if kind is None else ["--inference_engine_type", kind,
+                                      "--num_inference_sessions", str(sessions)]
     cmd = [sys.executable, str(root / "server.py"), "--port", "0", "--model_dir", model_dir,
-           "--inference_engine_type", kind, "--num_inference_sessions", str(sessions),
-           "--log_level", "INFO", *([] if named else ["--workers", "1"]), *extra]
+           *chosen, "--log_level", "INFO", *([] if named else ["--workers", "1"]), *extra]
     proc = subprocess.Popen(cmd, cwd=cwd or root, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.stderr is not None

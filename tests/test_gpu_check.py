@@ -60,16 +60,21 @@ def test_the_dry_run_measures_every_cell_of_every_engine_and_every_server_layout
     assert check["cost_curve_problems"] == [] and check["elapsed_s"] < check["budget_s"]
     assert [s["step"] for s in check["steps"]] == ["setup", "model", "engine grid", "servers"]
     assert all(s["status"] == "ok" for s in check["steps"])
-    # PyTorch's servers (onnxruntime here has no CUDA: its servers would tell nothing)
+    # first what `python server.py` picks here with no flags (ONNX in one process, on a CPU),
+    # then PyTorch's servers (onnxruntime here has no CUDA: its servers would tell nothing)
     servers = check["servers"]
     assert [(s["engine"], s["layout"]) for s in servers] == \
-        [("pytorch", "1 process"), ("pytorch", "--workers 2"),
+        [("default", "python server.py"), ("pytorch", "1 process"), ("pytorch", "--workers 2"),
          ("pytorch", "--workers 2 --executors on")]
+    assert servers[0]["flags"] == [] and servers[0]["chosen"] == {
+        "inference_engine_type": "onnx", "precision": "fp32", "pytorch_graph": "auto",
+        "workers": 1, "executors": "off", "num_inference_sessions": 2}
+    assert servers[1]["chosen"]["inference_engine_type"] == "pytorch"
     for server in servers:
         assert server["one_client"]["p50_ms"] > 0 and not server["one_client"]["errors"]
         assert server["saturation"]["ok"] > 0 and not server["saturation"]["errors"]
         assert server["saturation"]["mean_batch"] >= 1
-    executor = servers[2]["saturation"]  # the executor's own batches, rows from every worker
+    executor = servers[3]["saturation"]  # the executor's own batches, rows from every worker
     assert executor["executor_batches"] > 0 and executor["executor_rows_per_batch"] >= 1
     assert 0 <= executor["executor_idle_share"] <= 1
     assert all(e["request_batch1"]["p50_ms"] > 0 for e in check["engines"])
@@ -81,6 +86,8 @@ def test_the_dry_run_measures_every_cell_of_every_engine_and_every_server_layout
     for graph in TORCH_GRAPHS:
         assert f"| pytorch | cpu | fp32 | {graph} | 64 | " in out
     assert "| onnx | cpu | fp32 | - | 64 | " in out
+    assert "| default: onnx fp32, 1 workers, executors off | - | python server.py | fp32 | " in out
+    assert "  default: onnx fp32, 1 workers, executors off: p50 " in out
     assert "| pytorch | traced | --workers 2 | fp32 | " in out
     assert "| pytorch | traced | --workers 2 --executors on | fp32 | " in out
     assert "rows on the device)" in out
@@ -158,7 +165,7 @@ def test_no_server_starts_once_the_budget_is_spent(tiny_model_dir: Path) -> None
     args = parse_args(["--device", "cpu", "--model_dir", str(tiny_model_dir), "--workers", "2"])
     rows = measure_servers(args, str(tiny_model_dir), Budget(time.time() - 100, 110.0))
     assert [(r["engine"], r["layout"]) for r in rows] == \
-        [("pytorch", "1 process"), ("pytorch", "--workers 2"),
+        [("default", "python server.py"), ("pytorch", "1 process"), ("pytorch", "--workers 2"),
          ("pytorch", "--workers 2 --executors on"), ("pytorch", "--workers 4 --executors on")]
     assert all(r["skipped"].startswith("the check's time ran short") for r in rows)
 
