@@ -42,6 +42,7 @@ from onnxruntime import get_available_providers
 
 from broker.local_server import RedisServer, free_port, make_certificates
 from client import Client, ConnectionLost
+from engines.devices import torch_cuda_gpus
 from tests.doc_commands import ASSIGNMENT, DocCommand, doc_commands
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +50,8 @@ START_S, STOP_S = 90.0, 30.0  # to be ready (5-20 s on 2 busy cores), to exit on
 INSTALLED = ("the installed package's command (the README's other set-up, `pip install .`; "
              "the one run here installs the requirements): .ci/run runs the wheel's --help")
 NEEDS_GPU = ("needs a GPU: --device cuda:0 on a CPU box refuses to start (exit 2: this "
-             "onnxruntime build has no CUDA provider); runs where onnxruntime has CUDA")
+             "onnxruntime build has no CUDA provider); runs where PyTorch sees a CUDA device "
+             "(the engine chosen there) or onnxruntime has CUDA")
 SKIPS: dict[str, str] = {  # a command's words, joined by one space -> why it does not run
     ".venv/bin/qa-server": INSTALLED,
     "qa-server": INSTALLED,
@@ -66,10 +68,12 @@ SKIPS: dict[str, str] = {  # a command's words, joined by one space -> why it do
 
 
 def skip_of(command: DocCommand) -> str | None:
-    """Why ``command`` does not run here, or None; NEEDS_GPU rows run where onnxruntime has
-    CUDA (what ``--device cuda:0`` needs)."""
+    """Why ``command`` does not run here, or None; NEEDS_GPU rows run where ``--device cuda:0``
+    can: PyTorch sees a CUDA device (the server then chooses PyTorch: workers/engine_choice.py),
+    or onnxruntime has CUDA."""
     reason = SKIPS.get(command.text)
-    cuda = reason == NEEDS_GPU and "CUDAExecutionProvider" in get_available_providers()
+    cuda = reason == NEEDS_GPU and (torch_cuda_gpus() > 0 or
+                                    "CUDAExecutionProvider" in get_available_providers())
     return None if cuda else reason
 
 
