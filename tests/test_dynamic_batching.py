@@ -202,9 +202,9 @@ def test_server_auto_batches_a_burst_on_overhead_bound_hardware(tiny_model_dir: 
 
 
 def test_server_auto_serves_batch_one_where_batching_does_not_pay(tiny_model_dir: Path) -> None:
-    # costs of tens of ms: a busy machine's late wake-ups (a few ms) must not make one row
-    # look dearer per row than two
-    cpu_like = TimedEngine(lambda rows, length: 0.02 * rows * (1 + 0.3 * (rows - 1)))
+    # costs of tens of ms, a row's cost doubling per row: beside two busy processes a late
+    # wake-up (tens of ms under SCHED_BATCH) must not make one row look dearer per row than two
+    cpu_like = TimedEngine(lambda rows, length: 0.02 * rows * rows)
     with serve(tiny_model_dir, cpu_like, batching="auto", max_batch_size=8) as server:
         sizes = burst_batch_sizes(server, cpu_like, 12)
     assert sizes == [1] * 12
@@ -212,9 +212,9 @@ def test_server_auto_serves_batch_one_where_batching_does_not_pay(tiny_model_dir
 
 def test_warm_up_times_shapes_before_ready_and_stops_where_batching_stops_paying(
         tiny_model_dir: Path) -> None:
-    # costs of tens of ms, as above: beside busy processes a 4 ms row timed 8 ms once, and
-    # two rows looked cheaper per row than one
-    cpu_like = TimedEngine(lambda rows, length: 0.02 * rows * (1 + 0.3 * (rows - 1)))
+    # costs as above: beside busy processes a 4 ms row timed 8 ms once, and two rows looked
+    # cheaper per row than one
+    cpu_like = TimedEngine(lambda rows, length: 0.02 * rows * rows)
     with serve(tiny_model_dir, cpu_like, batching="auto", max_batch_size=32) as server:
         warmed = list(cpu_like.shapes)
         assert server.ready

@@ -32,6 +32,7 @@ from engines import load_engine
 from engines.base import Engine
 from server import InferenceServer, ServerConfig
 from stress_test import build_parser, parse_args
+from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIRS = [("Who went home?", "Bob went home after the match."),
@@ -350,7 +351,10 @@ def test_a_server_that_dies_mid_run_still_gets_a_report_and_exit_status_1(
          "--num_simultaneous_clients", "2", "--warmup", "0", "--json", str(out)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(3)
+        # killed once the load is under way: beside busy processes stress_test.py took more
+        # than 3 s to start, and found the server gone
+        with Client(host, port) as control:
+            wait_until(lambda: control.stats(timeout=30)["admitted"] >= 20, 120)
         proc.kill()
         stdout, stderr = load.communicate(timeout=120)
     finally:
