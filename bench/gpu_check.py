@@ -175,6 +175,10 @@ def server_plan(args: argparse.Namespace) -> list[tuple[str, str | None, str, li
     for workers in args.executor_workers:
         layouts[f"--workers {workers} --executors on"] = ["--workers", str(workers),
                                                          "--executors", "on"]
+    if args.executor_workers and args.device.startswith("cuda"):  # beside it: no overlap
+        first = args.executor_workers[0]  # (the dry run leaves it out: its CPU tells nothing)
+        layouts[f"--workers {first} --executors on --executor_overlap off"] = [
+            "--workers", str(first), "--executors", "on", "--executor_overlap", "off"]
     return [(DEFAULT, None, DEFAULT_LAYOUT, [])] + \
         [(engine, graph, layout, flags) for engine, graph in engines
          for layout, flags in layouts.items()]

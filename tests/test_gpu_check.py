@@ -158,6 +158,19 @@ def test_cells_that_would_end_past_the_deadline_are_skipped_and_said(
     assert all(s["why"].startswith("the check's time ran short") for s in late["skipped"])
 
 
+def test_on_a_gpu_the_check_runs_the_executor_without_its_overlap_beside_it(
+        tiny_model_dir: Path) -> None:
+    from bench.gpu_check import parse_args, server_plan
+
+    args = parse_args(["--device", "cuda", "--model_dir", str(tiny_model_dir)])
+    plan = [(engine, layout) for engine, _, layout, _ in server_plan(args)]
+    executor = f"--workers {args.executor_workers[0]} --executors on"
+    assert plan.index(("pytorch", f"{executor} --executor_overlap off")) == \
+        plan.index(("pytorch", executor)) + len(args.executor_workers)
+    assert all("--executor_overlap" not in layout
+               for _, _, layout, _ in server_plan(parse_args(["--device", "cpu"])))
+
+
 def test_no_server_starts_once_the_budget_is_spent(tiny_model_dir: Path) -> None:
     from bench.gpu_check import measure_servers, parse_args
     from bench.gpu_check_report import Budget
