@@ -69,6 +69,7 @@ def test_the_dry_run_measures_every_cell_of_every_engine_and_every_server_layout
     assert servers[0]["flags"] == [] and servers[0]["chosen"] == {
         "inference_engine_type": "onnx", "precision": "fp32", "pytorch_graph": "auto",
         "workers": 1, "executors": "off", "num_inference_sessions": 2}
+    assert all("chosen" in server for server in servers), servers  # each one started
     assert servers[1]["chosen"]["inference_engine_type"] == "pytorch"
     for server in servers:
         assert server["one_client"]["p50_ms"] > 0 and not server["one_client"]["errors"]
