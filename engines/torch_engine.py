@@ -172,11 +172,14 @@ class TorchEngine(Engine):
         check_outputs(feeds, outputs)
         return outputs
 
+    def _stacked(self, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The inputs as one ``[inputs, rows, length]`` int64 array, in ``input_names`` order."""
+        return np.stack([np.asarray(feeds[name], dtype=np.int64) for name in self.input_names])
+
     def launch(self, feeds: Mapping[str, np.ndarray]) -> Launched:
         """With CUDA graphs, start a batch without waiting for it (engines/torch_overlap.py);
         a batch no captured shape holds runs now."""
-        stacked = np.stack([np.asarray(feeds[name], dtype=np.int64)
-                            for name in self.input_names])
+        stacked = self._stacked(feeds)
         launched = self._launcher.launch(stacked) if self._launcher is not None else None
         return launched if launched is not None else super().launch(feeds)
 
@@ -185,8 +188,7 @@ class TorchEngine(Engine):
         them where there is one, else the traced graph: one copy to the device, the graph, one
         copy back. Each tensor call waits for the GIL on its way back, beside busy threads."""
         assert self._traced is not None
-        stacked = np.stack([np.asarray(feeds[name], dtype=np.int64)
-                            for name in self.input_names])
+        stacked = self._stacked(feeds)
         ran = self._graphs.run(stacked, self._clock) if self._graphs is not None else None
         if ran is not None:
             values, self.last_shape = ran
