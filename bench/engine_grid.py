@@ -2,7 +2,7 @@
 runs it once per engine variant, each in its own process (its own CUDA context, freed when it
 ends; a crash or a hang costs that variant only).
 
-    python bench/engine_grid.py --model_dir saved_models/bert-base-random --engine pytorch \\
+    python bench/engine_grid.py --model_dir bench/models/bert-base-random --engine pytorch \\
         --graph traced --device cuda --precision fp16 --out /tmp/part.json
 
 Each cell: ``--warmup`` untimed runs, then timed runs until ``--runs`` or, past ``--min_runs``,

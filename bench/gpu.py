@@ -1,7 +1,7 @@
 """The GPU benchmark: raw engines per precision and batch, then the server, with NVML beside it.
 
     bash bench/gpu.sh                                   # a bare GPU box: install, prepare, run
-    python bench/gpu.py --model_dir saved_models/bert-base-random
+    python bench/gpu.py --model_dir bench/models/bert-base-random
     python bench/gpu.py --model_dir saved_models --device cpu     # the dry run, on any machine
 
 (1) Raw engine: each engine (onnx, pytorch) at each precision (fp32, fp16) called in-process on
@@ -125,7 +125,7 @@ def _load(port: int, clients: int, pairs: list[tuple[str, str]],
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line options; ``--device cpu`` shrinks the defaults to a dry run."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--model_dir", default="saved_models/bert-base-random",
+    p.add_argument("--model_dir", default="bench/models/bert-base-random",
                    help="a folder from prepare_model.py (--random_bert_base --fp16)")
     p.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (a dry run)")
     p.add_argument("--engines", default="onnx,pytorch", help="engines, comma-separated")

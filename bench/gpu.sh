@@ -15,7 +15,7 @@ echo "tensorrt-cu12-libs==10.13.0.35" >> .venv-gpu/requirements-gpu.txt
     -r .venv-gpu/requirements-gpu.txt -c constraints.txt
 SITE=$(.venv-gpu/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 export LD_LIBRARY_PATH="$SITE/tensorrt_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-MODEL=saved_models/bert-base-random
+MODEL=bench/models/bert-base-random
 if [ ! -f "$MODEL/model_fp16.onnx" ]; then
     # random weights: near-flat logits, so fp16 may flip a few answers; keep it and record it
     .venv-gpu/bin/python prepare_model.py --random_bert_base --fp16 --fp16_min_agreement 0 \

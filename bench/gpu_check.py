@@ -53,13 +53,18 @@ END_MARGIN_S = 15.0
 DEFAULT, DEFAULT_LAYOUT = "default", "python server.py"
 #: Where the GPU check finds the tokenizer it carries (bench/gpu_check.sh --fill puts it there).
 CARRIED_TOKENIZER = ROOT / ".whl" / "tokenizer"
+#: Where the check prepares its models: a folder of the benchmarks' own, never the repository
+#: that ``python server.py`` serves (saved_models/).
+BENCH_MODELS = ROOT / "bench" / "models"
 
 
-def prepare_model(args: argparse.Namespace, budget: Budget) -> tuple[str, str]:
-    """The model folder to measure, and how it was had."""
+def prepare_model(args: argparse.Namespace, budget: Budget,
+                  into: Path = BENCH_MODELS) -> tuple[str, str]:
+    """The model folder to measure (prepared under ``into`` unless ``--model_dir`` names one),
+    and how it was had."""
     if args.model_dir is not None:
         return qa_model_dir(args.model_dir), "given (--model_dir)"
-    folder = ROOT / "saved_models" / ("gpu-check-tiny" if args.dry else "bert-base-random")
+    folder = into / ("gpu-check-tiny" if args.dry else "bert-base-random")
     if (folder / "serving.json").is_file() and (folder / "model_fp16.onnx").is_file():
         return str(folder), "already there"
     cmd = [sys.executable, "prepare_model.py", "--random_tiny" if args.dry else
@@ -266,8 +271,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", help="cuda or cuda:N; cpu: the dry run")
     p.add_argument("--model_dir", default=None,
                    help="a prepared QA model (folder or repository) to measure instead of "
-                        "preparing one (default: saved_models/bert-base-random, or "
-                        "saved_models/gpu-check-tiny for the dry run, prepared if absent)")
+                        "preparing one (default: bench/models/bert-base-random, or "
+                        "bench/models/gpu-check-tiny for the dry run, prepared if absent)")
     p.add_argument("--tokenizer", default=None,
                    help="the tokenizer folder for preparing the model (default: the packaged "
                         "MiniLM's, else .whl/tokenizer)")

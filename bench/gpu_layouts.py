@@ -4,7 +4,7 @@ requests/s at saturation (the GPU check's lean pipelined load, with NVML's figur
 executors' batch figures), against the engine alone's best-batch capacity from a cost curve
 (the GPU check's grid, ``--cost_curve``).
 
-    python3 bench/gpu_layouts.py --model_dir saved_models/bert-base-random \
+    python3 bench/gpu_layouts.py --model_dir bench/models/bert-base-random \
         --cost_curve docs/results/2026-11-27-h100/cost_curve.json --rounds 5 --out $OUT \
         --layouts "--workers 4=--workers 4" "executor, 4 workers=--workers 4 --executors on"
     python3 bench/gpu_layouts.py --device cpu --model_dir DIR ...   # the dry run, any machine

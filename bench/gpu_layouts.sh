@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Server layouts on one GPU side by side (bench/gpu_layouts.py), on a bare GPU machine with its
 # own python3: installs what is missing from .whl/ (bench/gpu_setup.sh), prepares the
-# bert-base-sized random model where saved_models/bert-base-random is not there (PyTorch's
+# bert-base-sized random model where bench/models/bert-base-random is not there (PyTorch's
 # folder only, no fp16 ONNX export), then runs the rounds.
 #   bash bench/gpu_layouts.sh --cost_curve CURVE --out DIR --layouts "NAME=FLAGS" ...
 #   bash bench/gpu_layouts.sh --device cpu ...      # the dry run (the tiny model)
@@ -12,9 +12,9 @@ PYTHON=${PYTHON:-python3}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 source bench/gpu_setup.sh
 
-model=saved_models/bert-base-random size=--random_bert_base
+model=bench/models/bert-base-random size=--random_bert_base
 if [[ " $* " == *" --device cpu "* ]]; then
-    model=saved_models/gpu-check-tiny size=--random_tiny
+    model=bench/models/gpu-check-tiny size=--random_tiny
 fi
 if [ ! -f "$model/serving.json" ]; then
     tokenizer=()

@@ -1,7 +1,7 @@
 """Rounds of one server's GPU figures, each beside one request alone, for a target's median over
 runs (the GPU check takes each figure once, bench/gpu_check.py).
 
-    python3 bench/gpu_rounds.py --model_dir saved_models/bert-base-random --rounds 5 --out DIR
+    python3 bench/gpu_rounds.py --model_dir bench/models/bert-base-random --rounds 5 --out DIR
     python3 bench/gpu_rounds.py --device cpu --precision fp32 --model_dir DIR   # the dry run
 
 One engine is loaded here (not with ``--no_alone``) and one server.py started, with the same

@@ -226,3 +226,19 @@ def test_the_layouts_dry_run_gives_every_layouts_rounds_against_the_curves_capac
     assert "executor_batches" not in record["rows"][0]
     assert set(record["summary"]) == {"one", "executor"}
     assert "| executor | " in done.stdout
+
+
+def test_the_check_prepares_its_model_outside_the_repository_the_server_serves(
+        tmp_path: Path) -> None:
+    from bench.gpu_check import BENCH_MODELS, parse_args, prepare_model
+    from bench.gpu_check_report import Budget
+
+    served = sorted(p.name for p in (ROOT / "saved_models").iterdir())
+    args = parse_args(["--device", "cpu"])  # the dry run, no --model_dir: it prepares one
+    folder, how = prepare_model(args, Budget(time.time(), 300.0), into=tmp_path)
+    assert Path(folder) == tmp_path / "gpu-check-tiny" and how.startswith("prepared"), how
+    assert (Path(folder) / "serving.json").is_file()
+    assert prepare_model(args, Budget(time.time(), 300.0), into=tmp_path)[1] == "already there"
+    assert sorted(p.name for p in (ROOT / "saved_models").iterdir()) == served
+    assert BENCH_MODELS.relative_to(ROOT).parts == ("bench", "models")  # ignored by git
+    assert "bench/models/" in (ROOT / ".gitignore").read_text().splitlines()
