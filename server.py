@@ -28,31 +28,26 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NoReturn
 
-from broker.urls import config_problems as broker_url_problems
 from dispatch.auth import Authenticator, TokenSet
 from dispatch.handler import RequestHandler
 from dispatch.models import ModelSet
+from dispatch.registry import setting_registry
 from dispatch.report import collect_stats
 from dispatch.serving_log import log_loading, log_ready, log_serving, log_start
-from engines import SETTING_CHOICES as ENGINE_SETTINGS
 from engines.base import Engine
 from engines.devices import check_cuda_devices
 from engines.sim_device import new_folder_name
 from protocol.errors import BadRequest, TooManyConnections
 from protocol.messages import ModelsRequest, PingRequest, Request, StatsRequest
-from scheduling.planner import SETTING_CHOICES as BATCHING_SETTINGS
 from scheduling.waits import StartCancelled, raise_if_cancelled, wait_until_set
-from settings.choices import SettingRegistry
 from settings.server_config import ServerConfig, given_settings, parse_args
 from telemetry.stats import ServerStats
 from transport import BindError, Connection, Listener, bind_socket, bind_unix_socket, refuse
 from transport.closing import finish_all
 from transport.listener import publish_address
-from transport.tls import config_problems as tls_problems
 from transport.tls import server_context
 from transport.unix import describe
 from workers.backend import Backend
-from workers.cpu_policy import SETTING_CHOICES as CPU_SETTINGS
 from workers.cpu_policy import apply_cpu_scheduling
 from workers.engine_choice import choose_engine
 from workers.layout import choose_layout
@@ -370,13 +365,6 @@ class InferenceServer:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-
-def setting_registry() -> SettingRegistry:
-    """What the implementations say of the settings they own (settings/choices.py): the
-    allowed values, and the checks of TLS files and broker URLs."""
-    return SettingRegistry(choices={**ENGINE_SETTINGS, **BATCHING_SETTINGS, **CPU_SETTINGS},
-                           checks=(tls_problems, broker_url_problems))
 
 
 def main(argv: list[str] | None = None) -> int:

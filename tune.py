@@ -29,7 +29,7 @@ from typing import Any
 
 from bench.mix import DEFAULT_DATA
 from bench.servers import ROOT
-from server import setting_registry
+from dispatch.registry import setting_registry
 from settings.cli import HelpFormatter
 from tuning.choice import Asked, Chosen
 from tuning.model_alone import ModelAlone

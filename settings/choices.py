@@ -5,7 +5,7 @@ the batching modes the planner knows, the CPU policies workers/ can set. Others 
 by the code that uses them: a TLS certificate that loads, a broker URL that Redis accepts. The
 owning modules publish these (``SETTING_CHOICES`` beside their values, a check function beside
 their code), the program that assembles the server collects them into a ``SettingRegistry``
-(server.py's ``setting_registry``), and settings/ reads the registry it is given: it never
+(dispatch/registry.py's ``setting_registry``), and settings/ reads the registry it is given: it never
 imports an implementation.
 """
 
@@ -56,7 +56,7 @@ class SettingRegistry:
         except KeyError:
             raise LookupError(f"no allowed values registered for the setting {setting!r}: "
                               f"its owner's SETTING_CHOICES is missing from the registry "
-                              f"(server.py's setting_registry)") from None
+                              f"(dispatch/registry.py's setting_registry)") from None
 
     def problems(self, config: Any) -> list[str]:
         """What the checks find wrong with ``config``, a ``ServerConfig`` (empty: nothing)."""

@@ -234,7 +234,7 @@ def test_serving_without_a_broker_does_not_import_redis() -> None:
 def test_the_compose_file_runs_front_ends_and_workers_with_flags_the_server_takes() -> None:
     import yaml
 
-    from server import setting_registry
+    from dispatch.registry import setting_registry
     from settings.server_config import parse_args
 
     services = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())["services"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from client import Client
-from server import setting_registry
+from dispatch.registry import setting_registry
 from settings.server_config import given_settings, parse_args
 from tests.helpers import wait_for_address
 

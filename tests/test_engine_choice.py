@@ -13,7 +13,7 @@ import pytest
 
 from engines.devices import torch_cuda_gpus
 from preparation.torch_fp16 import record_torch_check
-from server import setting_registry
+from dispatch.registry import setting_registry
 from settings.config_file import with_config_file
 from settings.server_config import (
     ServerConfig,

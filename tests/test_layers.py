@@ -3,6 +3,7 @@ an import against them is caught: the check is not vacuous."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+#: The programs (the design card's top level): they import the packages, never each other.
+PROGRAMS = ("server", "client", "stress_test", "prepare_model", "tune")
 
 
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -45,3 +48,23 @@ def test_an_import_up_the_layers_or_of_a_program_breaks_a_contract(tmp_path: Pat
     assert done.returncode == 1
     assert "protocol is not allowed to import dispatch" in done.stdout
     assert "tasks is not allowed to import server" in done.stdout
+
+
+def programs_imported(source: str) -> set[str]:
+    """The programs a module's source imports, at any depth of it (import-linter names only
+    packages, so this check of the programs is ours)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names & set(PROGRAMS)
+
+
+def test_no_program_imports_another() -> None:
+    for program in PROGRAMS:
+        imported = programs_imported((ROOT / f"{program}.py").read_text())
+        assert not imported, f"{program}.py imports {sorted(imported)}"
+    assert programs_imported("def f():\n    from server import main\nimport tune.x") == \
+        {"server", "tune"}  # the check catches one, even inside a function

@@ -3,7 +3,7 @@ and which settings a command line gives (settings/server_config.given_settings).
 
 from __future__ import annotations
 
-from server import setting_registry
+from dispatch.registry import setting_registry
 from settings.server_config import ServerConfig, given_settings
 from workers.layout import choose_layout
 

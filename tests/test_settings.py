@@ -12,7 +12,7 @@ import pytest
 
 from engines import ENGINE_TYPES
 from scheduling.planner import BATCHING_MODES
-from server import setting_registry
+from dispatch.registry import setting_registry
 from settings.choices import SettingRegistry
 from settings.server_config import ServerConfig, build_parser, parse_args
 

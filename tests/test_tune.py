@@ -21,7 +21,7 @@ from bench.raw import load_raw_task, reference_answers, task_requests
 from bench.runs import run_closed_loop
 from bench.servers import ROOT, start_server, stop_servers
 from bench.tune_vs_grid import compare
-from server import setting_registry
+from dispatch.registry import setting_registry
 from settings.server_config import given_settings, parse_args
 from tuning.objective import Objective
 from tuning.report import server_words
