@@ -248,3 +248,49 @@ def test_a_worker_killed_under_load_with_executors_loses_no_reply(tiny_model_dir
             stats = client.stats(timeout=30)
     assert stats["events"]["worker_restart"] == 1 and stats["events"]["executor_restart"] == 0
     assert stats["executors"][0]["state"] == "serving"
+
+
+def test_two_stats_queries_at_once_each_get_their_own_executor_answer(
+        tiny_model_dir: Path) -> None:
+    import threading
+
+    with InferenceServer(executor_config(tiny_model_dir)) as srv:
+        pipelined(srv.address, 40).recv_replies(40)
+        answers: dict[int, list[dict[str, Any]]] = {0: [], 1: []}
+
+        def ask(n: int) -> None:
+            with Client(*srv.address) as client:
+                answers[n] += [client.stats(timeout=30)["executors"][0] for _ in range(8)]
+
+        threads = [threading.Thread(target=ask, args=(n,)) for n in answers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    for mine in answers.values():
+        assert len(mine) == 8 and all(e["answered_stats"] for e in mine)
+        assert all(e["batches"] >= 10 for e in mine)  # 40 requests, at most 4 rows a batch
+
+
+def test_stats_answers_go_to_their_own_query_and_a_lost_child_ends_the_wait() -> None:
+    import threading
+
+    from workers.stats_answers import StatsAnswers, new_token
+
+    answers, first, second = StatsAnswers(), new_token(), new_token()
+    assert first != second
+    answers.expect(first)
+    answers.expect(second)
+    answers.answer(second, {"batches": 2})  # out of order
+    answers.answer(first, {"batches": 1})
+    answers.answer(new_token(), {"batches": 9})  # a query no one awaits: dropped
+    until = time.monotonic() + 5
+    assert answers.wait(first, until) == {"batches": 1}
+    assert answers.wait(second, until) == {"batches": 2}
+    assert answers.last == {"batches": 1}
+    third = new_token()
+    answers.expect(third)
+    threading.Timer(0.2, answers.cancel).start()
+    started = time.monotonic()
+    assert answers.wait(third, started + 30) is None
+    assert time.monotonic() - started < 20  # ended by the cancel, not by its 30 s

@@ -24,6 +24,7 @@ from workers.executor_client import executor_address
 from workers.executor_wire import ExecutorRoutes
 from workers.launch import exit_words, spawn, wait_exit
 from workers.pipe_items import AskStats, ExecutorStart, Failed, Ready, Stats, Stop
+from workers.stats_answers import StatsAnswers, new_token
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,7 @@ class ExecutorHandle:
         self.error: str | None = None
         self.restarts = 0
         self.send_lock = threading.Lock()  # stats and stop come from different threads
-        self.figures: dict[str, int] | None = None
-        self.answered = threading.Event()
+        self.answers = StatsAnswers()  # each stats query's own, by its token
 
 
 class ExecutorSet:
@@ -97,16 +97,16 @@ class ExecutorSet:
         """``describe`` with each executor's batch figures (workers/executor_loop.py's
         ``Executor.figures``), asked now; the last ones of an executor that did not answer
         within ``timeout`` (``answered_stats`` False)."""
-        asked = []
+        token, asked = new_token(), []
         for handle in self.handles.values():
-            handle.answered.clear()
-            if _send(handle, AskStats()):
+            handle.answers.expect(token)
+            if _send(handle, AskStats(token)):
                 asked.append(handle)
         deadline = time.monotonic() + timeout
-        for handle in asked:
-            handle.answered.wait(max(0.0, deadline - time.monotonic()))
-        return [{**entry, **(handle.figures or {}),
-                 "answered_stats": handle in asked and handle.answered.is_set()}
+        answers = {handle.device: handle.answers.wait(token, deadline) if handle in asked
+                   else None for handle in self.handles.values()}
+        return [{**entry, **(answers[handle.device] or handle.answers.last or {}),
+                 "answered_stats": answers[handle.device] is not None}
                 for entry, handle in zip(self.describe(), self.handles.values(), strict=True)]
 
     def stop(self, timeout: float) -> None:
@@ -152,11 +152,11 @@ class ExecutorSet:
                     case Failed(message):
                         handle.error = message
                         handle.ready.set()
-                    case Stats(_, figures):
-                        handle.figures = figures
-                        handle.answered.set()
+                    case Stats(token, figures):
+                        handle.answers.answer(token, figures)
         except (EOFError, OSError):
             pass
+        handle.answers.cancel()  # a query awaiting this process stops waiting
         wait_exit(process, 1.0)
         with self._lock:
             if self._stopping or not handle.ready.is_set() or handle.error is not None:
