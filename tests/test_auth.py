@@ -295,6 +295,16 @@ def test_without_a_token_file_nothing_is_required_and_auth_is_answered_ok(
         assert conn.recv_message()["ok"] is True
         conn.send(auth_request(2, "anything"))
         assert conn.recv_message()["result"] == {"authenticated": True, "required": False}
+        conn.send({"id": 3, "op": "auth"})  # a token field is needed even here (protocol.md)
+        reply = conn.recv_message()
+        assert reply["id"] == 3 and reply["error"]["code"] == "bad_request", reply
+        conn.send({"id": 4, "op": "ping", "timeout_ms": -5})  # control ops ignore timeout_ms
+        assert conn.recv_message() == {"id": 4, "ok": True,
+                                       "result": {"pong": True, "ready": True}}
+        conn.send({"id": "five", "op": "ping"})  # bad_request with id nil: nothing else ends
+        assert conn.recv_message()["id"] is None
+        conn.send(ping_request(6))
+        assert conn.recv_message()["id"] == 6
         conn.close()
         with Client(*srv.address, token="anything") as client:
             assert client.answer(QUESTIONS[0], CONTEXTS[0], timeout=30)["end"] > 0
