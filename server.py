@@ -20,7 +20,6 @@ import os
 import shutil
 import signal
 import socket
-import ssl
 import sys
 import threading
 import time
@@ -42,11 +41,10 @@ from protocol.messages import ModelsRequest, PingRequest, Request, StatsRequest
 from scheduling.waits import StartCancelled, raise_if_cancelled, wait_until_set
 from settings.server_config import ServerConfig, given_settings, parse_args
 from telemetry.stats import ServerStats
-from transport import BindError, Connection, Listener, bind_socket, bind_unix_socket, refuse
+from transport import BindError, Connection, Listener, refuse
 from transport.closing import finish_all
-from transport.listener import publish_address
+from transport.endpoints import Endpoints
 from transport.tls import server_context
-from transport.unix import describe
 from workers.backend import Backend
 from workers.cpu_policy import apply_cpu_scheduling
 from workers.engine_choice import choose_engine
@@ -89,8 +87,8 @@ class InferenceServer:
         self._http: Any = None  # http_api.server.HttpFrontEnd, from start()
         self.connections: set[Connection] = set()
         self._lock = threading.Lock()
-        self._listener: Listener | None = None
-        self._tls: ssl.SSLContext | None = None  # TLS on the TCP listener (--tls_cert)
+        #: The addresses served (transport/endpoints.py): bound, TLS and HTTP set by start().
+        self.net = Endpoints(config.host, config.port, config.unix_socket, config.address_file)
         self._started = False  # start() completed: the server served
 
     # -- start -------------------------------------------------------------------------------
@@ -122,21 +120,21 @@ class InferenceServer:
         if cfg.auth_token_file is not None:
             self.auth.tokens = TokenSet.from_file(cfg.auth_token_file)
         if cfg.tls_cert is not None:
-            self._tls = server_context(cfg.tls_cert, cfg.tls_key or cfg.tls_cert,
-                                       cfg.tls_client_ca)
-        self._listener = Listener(self._bind(), self._accept)
+            self.net.tls = server_context(cfg.tls_cert, cfg.tls_key or cfg.tls_cert,
+                                          cfg.tls_client_ca)
+        self.net.listener = listener = Listener(self.net.bind(), self._accept)
         try:
-            self._publish_address(False)  # a file left by an earlier run must not say "up"
+            self.net.publish(False)  # a file left by an earlier run must not say "up"
             if cfg.metrics_port is not None:  # a port too: fail early; scrapes show the loading
                 self._start_metrics(cfg.metrics_host, cfg.metrics_port)
             if (http := cfg.http_address()) is not None:  # before loading: probes say so
                 from http_api.server import start_http  # uvicorn only where HTTP is served
 
-                self._http = start_http(self, self._tls, http)
+                self._http = self.net.http = start_http(self, self.net.tls, http)
             self._load(cancel)
             raise_if_cancelled(cancel)  # the last chance: from here on, a stop drains
-            self._listener.start()
-            self._publish_address(True)
+            listener.start()
+            self.net.publish(True)
         except StartCancelled:  # nothing admitted: no wait for engines still loading
             self._stop(timeout=0)
             raise
@@ -147,29 +145,6 @@ class InferenceServer:
         log_serving(self.config, self.endpoints, self.local_only,
                     None if self.auth.tokens is None else len(self.auth.tokens),
                     self.config.auth_token_file)
-
-    def _bind(self) -> list[socket.socket]:
-        """The listening sockets, bound: TCP unless ``port`` is -1, and the Unix socket."""
-        cfg = self.config
-        socks = [bind_socket(cfg.host, cfg.port)] if cfg.port >= 0 else []
-        try:
-            if cfg.unix_socket is not None:
-                socks.append(bind_unix_socket(cfg.unix_socket))
-            if not socks:
-                raise ValueError("nothing to serve on: port -1 and no unix_socket")
-        except BaseException:
-            for sock in socks:
-                sock.close()
-            raise
-        return socks
-
-    def _publish_address(self, serving: bool) -> None:
-        """Write (atomically) or remove ``--address_file``, if one is configured: the TCP
-        address, or the Unix socket's where there is no TCP listener."""
-        if self.config.address_file is not None:
-            address = (self.address if self._tcp_socket() else self.unix_address) \
-                if serving else None
-            publish_address(self.config.address_file, address)
 
     def _load(self, cancel: threading.Event | None) -> None:
         """Find the models, then start each one's backend: sessions here, or worker
@@ -201,10 +176,7 @@ class InferenceServer:
     @property
     def address(self) -> tuple[str, int]:
         """The (host, port) the server listens on over TCP."""
-        sock = self._tcp_socket()
-        assert sock is not None, "no TCP listener (port -1)"
-        host, port = sock.getsockname()[:2]
-        return host, port
+        return self.net.address
 
     @property
     def http_address(self) -> tuple[str, int] | None:
@@ -218,41 +190,24 @@ class InferenceServer:
 
     @property
     def unix_address(self) -> str | None:
-        """The Unix socket served, as ``unix:///absolute/path`` (what clients take); None
-        without ``unix_socket``."""
-        return None if self.config.unix_socket is None else describe(self.config.unix_socket)
+        """The Unix socket served, as ``unix:///absolute/path``; None without ``unix_socket``."""
+        return self.net.unix_address
 
     @property
     def endpoints(self) -> str:
-        """Every address served, in words, for the log: TCP first, then the Unix socket and
-        the HTTP API's URL."""
-        parts = []
-        if self._tcp_socket() is not None:
-            host, port = self.address
-            parts.append(f"{host}:{port}" + (" with TLS" if self._tls is not None else ""))
-        if self.unix_address is not None:
-            parts.append(self.unix_address)
-        if self._http is not None:
-            parts.append(self._http.url)
-        return " and ".join(parts)
+        """Every address served, in words, for the log."""
+        return self.net.describe()
 
     @property
     def local_only(self) -> bool:
         """Whether only this machine can connect: every address served is a loopback one."""
-        hosts = [self.address[0]] if self._tcp_socket() is not None else []
-        hosts += [self._http.address[0]] if self._http is not None else []
-        return bool(hosts) and all(h in ("127.0.0.1", "::1", "localhost") for h in hosts)
-
-    def _tcp_socket(self) -> socket.socket | None:
-        """The TCP listening socket; None before start, or with port -1."""
-        assert self._listener is not None, "server not started"
-        return next((s for s in self._listener.socks if s.family != socket.AF_UNIX), None)
+        return self.net.local_only
 
     # -- what connections call -----------------------------------------------------------------
     def _accept(self, sock: socket.socket, peer: Any) -> None:
         """One accepted connection, over TCP or the Unix socket: both count towards
         ``max_connections``. TLS only wraps the socket here; the reader thread shakes hands."""
-        tls = self._tls if sock.family != socket.AF_UNIX else None
+        tls = self.net.tls if sock.family != socket.AF_UNIX else None
         with self._lock:
             full = len(self.connections) >= self.config.max_connections
             conn = None if full else Connection(sock, peer, self, tls=tls)
@@ -332,7 +287,7 @@ class InferenceServer:
         """
         timeout = self.config.shutdown_timeout_s if timeout is None else timeout
         try:
-            self._publish_address(False)  # draining is not serving: probes must not say "up"
+            self.net.publish(False)  # draining is not serving: probes must not say "up"
         finally:
             drained = self._stop(timeout)
         if self._started:
@@ -342,8 +297,8 @@ class InferenceServer:
     def _stop(self, timeout: float) -> bool:
         """Stop whatever has been started, in shutdown order; True if everything drained."""
         deadline = time.monotonic() + timeout
-        if self._listener is not None:
-            self._listener.stop()  # first stop accepting, then refuse new requests
+        if self.net.listener is not None:
+            self.net.listener.stop()  # first stop accepting, then refuse new requests
         self.handler.draining = True  # HTTP readiness says 503 from here on
         drained = self.models.stop(timeout)
         with self._lock:
