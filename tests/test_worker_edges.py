@@ -158,8 +158,8 @@ def test_a_worker_dying_after_answering_a_waiting_query_counts_once() -> None:
     does not count it again as the worker's own."""
     handle = WorkerHandle(0, "cpu")
     handle.on_ready({})
-    handle.expect(1)
-    handle.on_figures(1, _figures(3))
+    handle.answers.expect(1)
+    handle.answers.answer(1, _figures(3))
     orphans, was_serving = handle.detach()
     entry = handle.figures(1, time.monotonic() + 5)
     assert (orphans, was_serving) == ([], True)
@@ -170,11 +170,11 @@ def test_a_worker_dying_after_answering_a_waiting_query_counts_once() -> None:
 def test_the_newest_figures_of_a_dead_worker_are_kept() -> None:
     handle = WorkerHandle(0, "cpu")
     handle.on_ready({})
-    handle.expect(1)
-    handle.on_figures(1, _figures(7))
+    handle.answers.expect(1)
+    handle.answers.answer(1, _figures(7))
     assert handle.figures(1, time.monotonic() + 5)["known_figures"]["batches"] == 7
-    handle.expect(2)  # an older answer may still be unread: the most batches wins
-    handle.on_figures(2, _figures(5))
+    handle.answers.expect(2)  # an older answer may still be unread: the most batches wins
+    handle.answers.answer(2, _figures(5))
     handle.detach()
     assert handle.figures(2, time.monotonic() + 5)["earlier_figures"]["batches"] == 7
 
@@ -183,8 +183,8 @@ def test_an_older_answer_read_after_a_newer_one_is_not_kept_as_the_last() -> Non
     handle = WorkerHandle(0, "cpu")
     handle.on_ready({})
     for token, batches in ((5, 7), (6, 9)):  # two queries at once; 6 answered with more
-        handle.expect(token)
-        handle.on_figures(token, _figures(batches))
+        handle.answers.expect(token)
+        handle.answers.answer(token, _figures(batches))
     handle.figures(6, time.monotonic() + 5)
     handle.figures(5, time.monotonic() + 5)  # read last, but older
     handle.detach()
@@ -194,7 +194,7 @@ def test_an_older_answer_read_after_a_newer_one_is_not_kept_as_the_last() -> Non
 def test_a_query_waiting_on_a_worker_that_dies_stops_waiting() -> None:
     handle = WorkerHandle(0, "cpu")
     handle.on_ready({})
-    handle.expect(1)
+    handle.answers.expect(1)
     entries: list[dict[str, object]] = []
     waiter = threading.Thread(target=lambda: entries.append(
         handle.figures(1, time.monotonic() + 60)))

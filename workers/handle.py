@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 from scheduling.queue import WorkItem
 from telemetry.stats import ServerStats
+from workers.stats_answers import StatsAnswers
 
 #: A worker's states: loading its model, taking work, or gone (being restarted, or stopped).
 STATES = ("starting", "serving", "lost")
@@ -35,11 +35,11 @@ class WorkerHandle:
         self.restarts = 0
         self.failures = 0  # consecutive restarts that did not get to serve
         self._send_lock = threading.Lock()
-        self._figures: dict[int, dict[str, Any] | None] = {}  # token -> answer (None: awaited)
+        #: Stats queries awaiting this process, by token; its cond guards the figures below.
+        self.answers = StatsAnswers()
         self.last_figures: dict[str, Any] | None = None  # the newest answer of this process
         #: The batch figures of this slot's earlier processes, as each last reported them.
         self.earlier = ServerStats()
-        self._figures_cond = threading.Condition()
 
     def attach(self, process: Any, conn: Any) -> None:
         """A new process for this slot: starting, holding nothing."""
@@ -60,14 +60,13 @@ class WorkerHandle:
         before the end) move to ``earlier``; this slot's next process starts from none, and a
         query still waiting for this process stops waiting and gets no figures of it."""
         was_serving = self.state == "serving"
-        with self._figures_cond:  # one hold: its figures are in known or earlier, never both
+        with self.answers.cond:  # one hold: its figures are in known or earlier, never both
             last = self._newest_figures()
             self.last_figures = None
-            self._figures = dict.fromkeys(self._figures)  # the dead process's answers: handed over
             if last is not None:
                 self.earlier.absorb(last)
             self.state = "lost"
-            self._figures_cond.notify_all()  # a query waiting for it stops waiting
+            self.answers.cancel()  # the dead process's answers handed over; queries stop waiting
         orphans = list(self.jobs.values())
         self.jobs.clear()
         return orphans, was_serving
@@ -75,7 +74,7 @@ class WorkerHandle:
     def _newest_figures(self) -> dict[str, Any] | None:
         """This process's newest figures: of its answers, read or not, the one with the most
         batches (its counters only grow)."""
-        known = [f for f in [self.last_figures, *self._figures.values()] if f is not None]
+        known = [f for f in [self.last_figures, *self.answers.received()] if f is not None]
         return max(known, key=lambda f: f["batches"], default=None)
 
     def send(self, message: tuple[Any, ...]) -> bool:  # a workers/pipe_items.py message
@@ -87,26 +86,11 @@ class WorkerHandle:
             except (OSError, ValueError, AttributeError):
                 return False
 
-    def expect(self, token: int) -> None:
-        """A stats query ``token`` is about to be sent."""
-        with self._figures_cond:
-            self._figures[token] = None
-
-    def on_figures(self, token: int, figures: dict[str, Any]) -> None:
-        """The worker answered a stats query (kept only while someone awaits it)."""
-        with self._figures_cond:
-            if token in self._figures:
-                self._figures[token] = figures
-                self._figures_cond.notify_all()
-
     def figures(self, token: int, until: float) -> dict[str, Any]:
-        """This worker's state, and its answer to query ``token`` if it comes before ``until``."""
-        with self._figures_cond:
-            if self.state == "serving":
-                self._figures_cond.wait_for(lambda: self._figures.get(token) is not None
-                                            or self.state != "serving",
-                                            max(0.0, until - time.monotonic()))
-            figures = self._figures.pop(token, None)  # only this query's: others may be waiting
+        """This worker's state, and its answer to query ``token`` if it comes before ``until``
+        (``answers.expect(token)`` first, before the query is sent)."""
+        with self.answers.cond:
+            figures = self.answers.wait(token, until, alive=lambda: self.state == "serving")
             if figures is not None and (self.last_figures is None or
                                         figures["batches"] >= self.last_figures["batches"]):
                 self.last_figures = figures  # never an older answer read after a newer one

@@ -235,7 +235,7 @@ class ProcessBackend:
                     case pipe.Ready(describe):
                         self._on_ready(handle, process, describe)
                     case pipe.Stats(token, figures):
-                        handle.on_figures(token, figures)
+                        handle.answers.answer(token, figures)
                     case pipe.Failed(message):
                         handle.load_error = message
         except (EOFError, OSError):
@@ -333,7 +333,7 @@ class ProcessBackend:
         token = next(self._ids)
         for handle in self.handles:
             if handle.state == "serving":
-                handle.expect(token)
+                handle.answers.expect(token)
                 handle.send(pipe.AskStats(token))
         until = time.monotonic() + timeout
         return [handle.figures(token, until) for handle in self.handles]
