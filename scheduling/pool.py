@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from engines.base import Engine
 from scheduling.session import InferenceSession
-from scheduling.waits import backoff_s, wait_until_set
+from scheduling.waits import Restarts, wait_until_set
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,7 @@ class SessionPool:
         self._on_restart = on_restart
         self._lock = threading.Lock()
         self.sessions: list[InferenceSession] = []
-        self.restarts = 0
-        self._failures = [0] * count  # consecutive failed replacements, per index
+        self._restarts = [Restarts() for _ in range(count)]  # per index
         self._timers: dict[int, threading.Timer] = {}
         self._started = False
         self._draining = False
@@ -105,15 +104,13 @@ class SessionPool:
                           session.name)
                 return
             index = session.index
-            if session.crash is not None:  # it had loaded (the only way a loaded one stops)
-                self._failures[index] = 0  # so replace it at once, and back off afresh
-            delay = backoff_s(self._failures[index])
-            self._failures[index] += 1
-            self.restarts += 1
+            # it had loaded where it crashed (the only way a loaded one stops)
+            delay = self._restarts[index].next_delay(served=session.crash is not None)
             what = "died" if session.crash is not None else "could not load its engine"
             reason = session.crash or session.load_error
             log.error("%s %s (%s: %s); starting a replacement in %g s (restart #%d)", session.name,
-                      what, type(reason).__name__, reason, delay, self.restarts)
+                      what, type(reason).__name__, reason, delay,
+                      sum(r.count for r in self._restarts))
             timer = threading.Timer(delay, self._replace, args=(index,))
             timer.name, timer.daemon = f"replace-session-{index}", True
             self._timers[index] = timer

@@ -63,3 +63,23 @@ def backoff_s(failures: int, least: float = 0.0) -> float:
     """Seconds to wait after ``failures`` consecutive failures (0: the first retry), at least
     ``least``."""
     return max(least, BACKOFF_S[min(max(0, failures), len(BACKOFF_S) - 1)])
+
+
+class Restarts:
+    """The one restart policy of every supervised slot (a session thread, a worker process, an
+    executor process): each replacement waits ``backoff_s`` of the failures in a row before it,
+    and one that had served resets them, so a slot that served is replaced at once."""
+
+    def __init__(self) -> None:
+        self.count = 0  # replacements, ever
+        self.failures = 0  # replacements in a row that did not get to serve
+
+    def next_delay(self, served: bool) -> float:
+        """Count a replacement of a slot whose process (or thread) ``served`` or not; the
+        seconds to wait before starting it."""
+        if served:
+            self.failures = 0
+        delay = backoff_s(self.failures)
+        self.failures += 1
+        self.count += 1
+        return delay

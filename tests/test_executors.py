@@ -294,3 +294,27 @@ def test_stats_answers_go_to_their_own_query_and_a_lost_child_ends_the_wait() ->
     started = time.monotonic()
     assert answers.wait(third, started + 30) is None
     assert time.monotonic() - started < 20  # ended by the cancel, not by its 30 s
+
+
+def test_an_executor_whose_restart_cannot_load_is_tried_again_until_one_serves(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    model = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    with InferenceServer(executor_config(model)) as srv:
+        with Client(*srv.address) as client:
+            first = client.stats(timeout=30)["executors"][0]["pid"]
+        model.rename(tmp_path / "gone")  # the next start finds no model: it fails to load
+        os.kill(first, signal.SIGKILL)
+
+        def entry() -> dict[str, Any]:
+            with Client(*srv.address) as client:
+                return client.stats(timeout=30)["executors"][0]
+
+        wait_until(lambda: entry()["restarts"] >= 2, timeout=60)  # a failed start, tried again
+        (tmp_path / "gone").rename(model)
+        wait_until(lambda: entry()["state"] == "serving", timeout=60)  # within the back-off
+        with Client(*srv.address) as client:
+            answer = client.call("qa", {"question": QUESTIONS[0], "context": CONTEXTS[0]},
+                                 timeout=30)
+    assert set(answer) == {"answer", "score", "start", "end"}

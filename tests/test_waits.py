@@ -39,3 +39,14 @@ def test_a_signal_taken_by_another_thread_still_runs_its_handler_in_the_waiting_
         signal.signal(signal.SIGUSR1, previous)
     assert handled_in == ["MainThread"]
     assert waited < 0.1 + SIGNAL_POLL_S + 5  # woken by a poll, not by some later event
+
+
+def test_every_slot_restarts_by_one_policy_backing_off_until_one_serves() -> None:
+    from scheduling.waits import BACKOFF_S, Restarts
+
+    restarts = Restarts()
+    in_a_row = [restarts.next_delay(served=False) for _ in range(len(BACKOFF_S) + 2)]
+    assert in_a_row == [*BACKOFF_S, BACKOFF_S[-1], BACKOFF_S[-1]]  # the last value repeats
+    assert restarts.next_delay(served=True) == 0.0  # it had served: replaced at once
+    assert restarts.next_delay(served=False) == BACKOFF_S[1]  # and backing off afresh
+    assert restarts.count == len(BACKOFF_S) + 4 and restarts.failures == 2

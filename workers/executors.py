@@ -17,7 +17,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from scheduling.waits import backoff_s, wait_until_set
+from scheduling.waits import Restarts, wait_until_set
 from settings.server_config import ServerConfig
 from telemetry.stats import ServerStats
 from workers.executor_client import executor_address
@@ -39,7 +39,7 @@ class ExecutorHandle:
         self.ready = threading.Event()
         self.description = ""
         self.error: str | None = None
-        self.restarts = 0
+        self.restarts = Restarts()  # its replacements (scheduling/waits.py's policy)
         self.send_lock = threading.Lock()  # stats and stop come from different threads
         self.answers = StatsAnswers()  # each stats query's own, by its token
 
@@ -90,7 +90,7 @@ class ExecutorSet:
         with self._lock:
             return [{"device": h.device, "pid": h.process.pid if h.process else None,
                      "state": "serving" if h.ready.is_set() and h.error is None else "starting",
-                     "restarts": h.restarts, "description": h.description}
+                     "restarts": h.restarts.count, "description": h.description}
                     for h in self.handles.values()]
 
     def figures(self, timeout: float = 2.0) -> list[dict[str, object]]:
@@ -159,15 +159,16 @@ class ExecutorSet:
         handle.answers.cancel()  # a query awaiting this process stops waiting
         wait_exit(process, 1.0)
         with self._lock:
-            if self._stopping or not handle.ready.is_set() or handle.error is not None:
-                return  # stopping, or it never started: the start reports that
+            served = handle.ready.is_set() and handle.error is None
+            if self._stopping or (not served and handle.restarts.count == 0):
+                return  # stopping, or its first start failed: start() reports that
             handle.ready.clear()
-            handle.restarts += 1
+            backoff = handle.restarts.next_delay(served)
         self.stats.count_event("executor_restart")
-        backoff = backoff_s(handle.restarts - 1)
-        log.warning("the executor of %s %s; its workers' batches in hand fail with "
+        log.warning("the executor of %s %s%s; its workers' batches in hand fail with "
                     "worker_lost; restarting it in %.1f s", handle.device,
-                    exit_words(process.returncode), backoff)
+                    exit_words(process.returncode), "" if served else " while starting again",
+                    backoff)
         time.sleep(backoff)
         self._spawn(handle)
 

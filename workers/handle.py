@@ -6,6 +6,7 @@ import threading
 from typing import Any
 
 from scheduling.queue import WorkItem
+from scheduling.waits import Restarts
 from telemetry.stats import ServerStats
 from workers.stats_answers import StatsAnswers
 
@@ -32,8 +33,7 @@ class WorkerHandle:
         self.describe: dict[str, Any] = {}  # what its ready message said
         self.loaded = threading.Event()  # it reported ready, or failed to
         self.load_error: str | None = None
-        self.restarts = 0
-        self.failures = 0  # consecutive restarts that did not get to serve
+        self.restarts = Restarts()  # the slot's replacements (scheduling/waits.py's policy)
         self._send_lock = threading.Lock()
         #: Stats queries awaiting this process, by token; its cond guards the figures below.
         self.answers = StatsAnswers()
@@ -99,5 +99,5 @@ class WorkerHandle:
         device = self.describe.get("engine", {}).get("device", self.device)
         return {"worker": self.index, "pid": getattr(self.process, "pid", None),
                 "device": device, "state": self.state, "in_flight": len(self.jobs),
-                "restarts": self.restarts, "figures": figures, "known_figures": known,
+                "restarts": self.restarts.count, "figures": figures, "known_figures": known,
                 "earlier_figures": earlier}

@@ -26,7 +26,7 @@ from engines.model_dir import ModelInfo
 from protocol.errors import ShuttingDown, WorkerLost, error_for_code
 from protocol.messages import ModelRequest
 from scheduling.queue import DeadlineReaper, Responder, WorkItem, WorkQueue
-from scheduling.waits import StartCancelled, backoff_s, wait_until_set
+from scheduling.waits import StartCancelled, wait_until_set
 from settings.server_config import ServerConfig
 from telemetry.stats import ServerStats
 from transport.coalesce import coalesced_sends
@@ -293,15 +293,11 @@ class ProcessBackend:
         self._restart(handle, was_serving, how, len(orphans))
 
     def _restart(self, handle: WorkerHandle, was_serving: bool, how: str, orphans: int) -> None:
-        if was_serving:
-            handle.failures = 0  # it had served: replace it at once, and back off afresh
-        delay = backoff_s(handle.failures)
-        handle.failures += 1
-        handle.restarts += 1
+        delay = handle.restarts.next_delay(served=was_serving)
         self.stats.count_event("worker_restart")
         log.error("model %s: worker %d %s (%d requests answered worker_lost); restarting it "
                   "in %g s (restart #%d)", self.model, handle.index, how, orphans, delay,
-                  handle.restarts)
+                  handle.restarts.count)
         timer = threading.Timer(delay, self._respawn, args=(handle,))
         timer.name, timer.daemon = f"restart-worker-{handle.index}", True
         self._timers = [t for t in self._timers if t.is_alive()] + [timer]
