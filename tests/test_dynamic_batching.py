@@ -37,8 +37,10 @@ class TimedEngine(Engine):
         self.shapes: list[tuple[int, int]] = []
         self.gate = threading.Event()
         self.gate.set()
+        self.entered = threading.Event()  # a run began (it may be waiting at the gate)
 
     def run(self, feeds: Any) -> dict[str, np.ndarray]:
+        self.entered.set()
         assert self.gate.wait(60)
         rows, length = feeds["input_ids"].shape
         self.shapes.append((rows, length))
@@ -170,10 +172,12 @@ def burst_batch_sizes(server: InferenceServer, engine: TimedEngine, count: int) 
     the session formed for the burst. (The held batch's time includes the hold: it is a long
     request so that outlier lands in another shape bucket than the burst's.)"""
     engine.gate.clear()
+    engine.entered.clear()
     with Client(*server.address) as client:
         blocker = client.submit(QUESTIONS[0], " ".join(CONTEXTS * 3))
-        while server.stats.snapshot()["in_flight"] < 1 or len(server.backend.queue):
-            time.sleep(0.01)  # the session has taken the blocker and waits at the gate
+        # the session has taken the blocker alone and waits at the gate (admitted and out of
+        # the queue is not enough: on a busy machine the burst could still join it there)
+        assert engine.entered.wait(60)
         futures = [client.submit(QUESTIONS[i % 6], CONTEXTS[i % 6]) for i in range(count)]
         while server.stats.admitted < count + 1:
             time.sleep(0.01)
