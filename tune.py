@@ -158,7 +158,7 @@ def _report(outcome: Outcome, plan: Plan, args: argparse.Namespace, fixed: list[
     """Print the objective, the trials and the winner, write the files asked for; the exit
     status."""
     model, winner, objective = outcome.model, outcome.winner, outcome.chosen.objective
-    print(f"\nthe model alone (in-process): {model.describe()}")
+    print(f"\nthe model alone: {model.describe()}")
     print("\n".join(outcome.chosen.why))
     print(trials_table(outcome.trials, model.ceiling_rps, objective))
     for note in outcome.notes:

@@ -286,3 +286,22 @@ def test_the_winner_is_the_best_sound_trial_of_the_highest_round_that_has_one() 
     assert winner(search).number == 4
     search.trials.append(Trial(6, 3, Candidate(()), 3.0, error="did not start"))
     assert winner(search).number == 4
+
+
+def test_the_model_alone_is_measured_in_processes_too_and_the_ceiling_is_the_best(
+        tiny_model_dir: Path) -> None:
+    import os
+
+    from bench.mix import load_mix
+    from settings.server_config import ServerConfig
+    from tuning.model_alone import measure_model
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: no engines or processes at once to measure")
+    model = measure_model(tiny_model_dir, "onnx", load_mix("qa")[:16], ServerConfig())
+    assert model.parallel is not None and model.processes is not None
+    processes, rate = model.processes
+    assert processes == min(os.cpu_count() or 1, 8) and rate > 0
+    assert model.ceiling_rps == max(*model.per_batch_rps.values(), model.parallel[1], rate)
+    assert model.in_flight_rates()[processes * model.best_batch] >= rate
+    assert f"{processes} processes at once, batch {model.best_batch}" in model.describe()
