@@ -6,7 +6,8 @@ bench/'s load (docs/tuning.md).
 - ``space``: the settings searched here, as candidate flag sets;
 - ``objective``: what a trial must meet, and how trials rank;
 - ``choice``: the objective where the user gives none: derived from the model alone;
-- ``model_alone``: the model's engine alone, in-process and one process per core: the ceiling and the reference answers;
+- ``model_alone``: the model's engine alone, in-process and one process per core: the ceiling
+  and the reference answers;
 - ``trial``: one candidate's real server, loaded and checked;
 - ``search``: successive halving under the time budget (and the exhaustive grid);
 - ``tuner``: a whole run: the model alone, the probe, the search;
