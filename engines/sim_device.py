@@ -6,8 +6,8 @@ with the device's time taken in turns by every process that uses the same device
     cost = device.cost(rows=8, length=256)   # the device's seconds and the host's parts
     device.charge(cost, at_launch=True)      # the host's parts before the device, this thread
     seconds = device.occupy(cost.device_s)   # waits its turn, then the device time, slept
-    ticket = device.submit(cost.device_s)    # or the same on the device's own thread
-    ticket.wait()
+    ticket = device.submit(cost.device_s)    # or queued on the device, as a launch is
+    ticket.wait()                            # slept until the device has run it
     device.busy_share()                      # the device's busy fraction over the last seconds
 
 What it costs (engines/cost_curve.py's file; by default the one the GPU check wrote on an H200):
@@ -22,9 +22,11 @@ What it costs (engines/cost_curve.py's file; by default the one the GPU check wr
   copying the outputs out and unpacking them), spent on the thread that launches the batch or
   takes its result, GIL held where the real one holds it; the device gets the rest. With
   ``host`` off, the device gets the whole wall time;
-- **turns**: the device time is spent holding an exclusive ``flock`` on the device's file, so the
-  processes of one server that use device id N take turns, as CUDA contexts do without MPS.
-  The file also holds the device's total busy seconds, which every process adds to and reads.
+- **turns**: the device is a timeline in the device's file: a run handed to it starts once the
+  device has run everything handed to it before, by any process of the server that uses device
+  id N (as a CUDA stream runs what was launched on it back to back, and contexts take turns
+  without MPS), and the host need not wake between runs. The file also holds the device's total
+  busy seconds, which every process adds to and reads.
 
 ``scale``: how fast the device is, against the one measured. ``auto`` makes it as fast, against
 this machine's cores, as the measured GPU was against its machine's (16 cores): on 2 cores it is
@@ -46,7 +48,6 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from queue import SimpleQueue
 
 from engines.cost_curve import Cell, CostCurve, Variant, load_cost_curve
 from engines.sim_host import HostCharge, curve_source, host_parts_ms, split_wall
@@ -54,8 +55,9 @@ from engines.sim_host import HostCharge, curve_source, host_parts_ms, split_wall
 #: The cost curve the simulated device follows unless told otherwise: the GPU check's grid on
 #: one H200 (2026-11-26, bert-base-sized, PyTorch fp16; docs/benchmarks.md).
 DEFAULT_CURVE = Path(__file__).resolve().parent / "data" / "cost_curve_h200.json"
-#: The device file: the device's total busy seconds, over every process that used it.
-_LAYOUT = struct.Struct("d")
+#: The device file: the device's busy seconds handed to it, over every process that used it, and
+#: when (``time.monotonic``, the system's clock, which every process shares) it is free of them.
+_LAYOUT = struct.Struct("dd")
 #: How far back the busy share looks.
 BUSY_WINDOW_S = 10.0
 
@@ -83,15 +85,15 @@ class RunCost:
 
 
 class Ticket:
-    """A run handed to the device's thread: ``wait`` returns its device seconds."""
+    """A run handed to the device: it ends at ``end`` (``time.monotonic``); ``wait`` returns its
+    device seconds."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self._done = threading.Event()
+    def __init__(self, seconds: float, end: float) -> None:
+        self.seconds, self.end = seconds, end
 
     def wait(self) -> float:
-        """Block (without burning a core) until the device has spent this run's time."""
-        self._done.wait()
+        """Sleep (without burning a core) until the device has run this run."""
+        time.sleep(max(0.0, self.end - time.monotonic()))
         return self.seconds
 
 
@@ -126,7 +128,6 @@ class SimDevice:
         self._host = HostCharge()
         self._lock = threading.Lock()  # the samples: session, stats and /metrics threads
         self._closed = False
-        self._queue: SimpleQueue[Ticket] | None = None  # the device thread's, once started
         self._samples: deque[tuple[float, float]] = deque(maxlen=256)
         self._samples.append((time.monotonic(), self.busy_s()))
 
@@ -176,13 +177,7 @@ class SimDevice:
     def occupy(self, seconds: float) -> float:
         """Wait for the device, then keep it busy for ``seconds``; returns them (what CUDA
         events would give)."""
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            time.sleep(seconds)
-            (busy,) = _LAYOUT.unpack_from(self._map, 0)
-            _LAYOUT.pack_into(self._map, 0, busy + seconds)
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        seconds = self.submit(seconds).wait()
         now = time.monotonic()
         with self._lock:
             if now - self._samples[-1][0] >= 0.1:
@@ -190,30 +185,23 @@ class SimDevice:
         return seconds
 
     def submit(self, seconds: float) -> Ticket:
-        """Hand ``seconds`` of device time to the device's own thread, which spends them in
-        the order given, as a CUDA stream runs what was launched on it."""
-        ticket = Ticket(seconds)
-        with self._lock:
-            if self._queue is None:
-                self._queue = SimpleQueue()
-                threading.Thread(target=self._device_thread, args=(self._queue,), daemon=True,
-                                 name=f"sim-device-{self.index}").start()
-            self._queue.put(ticket)
-        return ticket
-
-    def _device_thread(self, queue: SimpleQueue[Ticket]) -> None:
-        while True:
-            ticket = queue.get()
-            try:
-                self.occupy(ticket.seconds)
-            except (OSError, ValueError):  # closed beneath it: nothing more runs
-                pass
-            finally:
-                ticket._done.set()
+        """Hand ``seconds`` of device time to the device: they run once it is free of every
+        run handed to it before (by any process), back to back, as a CUDA stream runs what was
+        launched on it; nothing on the host wakes between runs."""
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            busy, free_at = _LAYOUT.unpack_from(self._map, 0)
+            end = max(time.monotonic(), free_at) + seconds
+            _LAYOUT.pack_into(self._map, 0, busy + seconds, end)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return Ticket(seconds, end)
 
     def busy_s(self) -> float:
-        """The device's total busy seconds, over every process that uses it."""
-        return float(_LAYOUT.unpack_from(self._map, 0)[0])
+        """The device's busy seconds so far, over every process that uses it: those handed to
+        it, less what it has still to run (from now until it is free, busy throughout)."""
+        busy, free_at = _LAYOUT.unpack_from(self._map, 0)
+        return float(busy - max(0.0, free_at - time.monotonic()))
 
     def busy_share(self) -> float | None:
         """The device's busy fraction over about the last BUSY_WINDOW_S seconds, every
@@ -301,15 +289,15 @@ def _shared_dir() -> str:
 
 
 def _open_device_file(path: Path) -> tuple[int, mmap.mmap]:
-    """The device file (its folder too), created with zero busy seconds by whoever comes
-    first."""
+    """The device file (its folder too), created with zero busy seconds and free by whoever
+    comes first."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         if os.fstat(fd).st_size < _LAYOUT.size:
             os.ftruncate(fd, _LAYOUT.size)
-            os.pwrite(fd, _LAYOUT.pack(0.0), 0)
+            os.pwrite(fd, _LAYOUT.pack(0.0, 0.0), 0)
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
     return fd, mmap.mmap(fd, _LAYOUT.size)

@@ -111,6 +111,24 @@ def test_launched_runs_take_the_device_in_order_and_each_result_its_own_time(
         engine.close()
 
 
+def test_runs_handed_to_the_device_run_back_to_back_while_the_host_holds_the_gil(
+        tmp_path: Path) -> None:
+    device = SimDevice(0, SimSettings(scale=0.5, host=False, directory=str(tmp_path)))
+    try:
+        seconds = device.cost(32, 256).device_s
+        tickets = [device.submit(seconds) for _ in range(3)]
+        for before, after in zip(tickets, tickets[1:]):  # queued: no gap between them
+            assert after.end == pytest.approx(before.end + seconds)
+        assert device.busy_s() < 3 * seconds  # what it has still to run is not counted yet
+        end = time.perf_counter() + (tickets[-1].end - time.monotonic()) + 0.01
+        while time.perf_counter() < end:  # a host thread holding the GIL throughout: the
+            pass  # device needs no thread of this process to go from one run to the next
+        assert device.busy_s() == pytest.approx(3 * seconds)
+        assert [ticket.wait() for ticket in tickets] == [seconds] * 3
+    finally:
+        device.close()
+
+
 def test_past_the_grid_a_run_costs_in_proportion_to_its_tokens(tmp_path: Path) -> None:
     device = SimDevice(0, SimSettings(scale=1.0, directory=str(tmp_path)))
     try:
