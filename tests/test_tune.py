@@ -46,10 +46,13 @@ def run_tune(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, 
 def test_a_tiny_model_s_tuning_ends_with_a_winner_the_server_reads(
         tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, record, plot = tmp_path / "tuned.toml", tmp_path / "trials.json", tmp_path / "t.png"
-    status, text, _ = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s", "45",
-                               "--p99_ms", "5000", "--clients", "4", "--out", str(out),
-                               "--json", str(record), "--plot", str(plot), *MODES)
-    assert status == 0, text
+    # room for the model alone (in-process and one process per core), the probe, the first
+    # rung and a second on a busy machine (45 s held no second rung beside two CPU hogs)
+    budget = 60
+    status, text, err = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s",
+                                 str(budget), "--p99_ms", "5000", "--clients", "4", "--out",
+                                 str(out), "--json", str(record), "--plot", str(plot), *MODES)
+    assert status == 0, text + err
     document = json.loads(record.read_text())
     trials = document["trials"]
     assert [t["rung"] for t in trials][:2] == [-1, 0] and max(t["rung"] for t in trials) >= 1
@@ -57,7 +60,7 @@ def test_a_tiny_model_s_tuning_ends_with_a_winner_the_server_reads(
         figures = trial["figures"]
         assert figures["requests"] > 0 and figures["ok"] == figures["requests"], trial
         assert trial["verdict"] == "meets"
-    assert document["seconds"] <= 45 * 1.2  # plans spend 95% of what is left
+    assert document["seconds"] <= budget * 1.2  # plans spend 95% of what is left
     winner = next(t for t in trials if t["number"] == document["winner"])
     assert winner["rung"] == max(t["rung"] for t in trials)
     assert plot.stat().st_size > 10_000
@@ -98,7 +101,7 @@ def test_with_no_objective_given_it_derives_one_from_the_model_alone_and_says_wh
 def test_an_objective_nothing_meets_says_so_and_by_how_much(
         tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     everything = [*FEW, "--num_inference_sessions", "1", "--batching", "off"]  # one candidate
-    status, text, err = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s", "20",
+    status, text, err = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s", "25",
                                  "--p99_ms", "0.01", "--clients", "2", *everything)
     assert status == 1, text + err
     assert "nothing meets the objective (the most requests/s with p99 at most 0.01 ms at 2 " \
@@ -110,8 +113,9 @@ def test_an_objective_nothing_meets_says_so_and_by_how_much(
 def test_the_open_loop_objective_is_the_lowest_p99_at_a_rate(
         tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     record = tmp_path / "open.json"
-    # a budget a machine with two busy processes beside it starts a server in (12 s did not)
-    status, text, err = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s", "20",
+    # a budget a machine with two busy processes beside it starts a server in (12 s did not),
+    # after the model alone in-process and one process per core
+    status, text, err = run_tune(capsys, "--model_dir", str(tiny_model_dir), "--budget_s", "25",
                                  "--rate", "40", "--p99_ms", "5000", "--json", str(record),
                                  *MODES, "--batching", "off")  # one candidate
     assert status == 0, text + err
