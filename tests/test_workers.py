@@ -25,6 +25,7 @@ from tests.helpers import (
     RawConnection,
     Reference,
     assert_same_answer,
+    freeze,
     wait_until,
 )
 from tests.test_server_process import drain_log, start_server
@@ -172,16 +173,26 @@ def sigterm_under_load(args: list[str], total: int,
     reader = drain_log(proc, lines)
     with Client(*address) as observer:
         before = observer.stats(timeout=30)
-        conn = RawConnection(address)
-        conn.send_raw(b"".join(encode_frame(qa_request(i, QUESTIONS[i % 6],
-                                                       CONTEXTS[i % 6] * repeat))
-                               for i in range(total)))
-        deadline = time.monotonic() + 60
-        while (stats := observer.stats(timeout=30))["admitted"] < total:
-            assert time.monotonic() < deadline, stats
-            time.sleep(0.01)
-        assert stats["in_flight"] > 0, "the load finished before the signal; make it heavier"
-        proc.send_signal(signal.SIGTERM)
+        # the worker processes held while the load is admitted, so that some is still in
+        # flight at the signal however slow the machine (on a busy one, admitting it all
+        # could take as long as answering it)
+        workers = [w["pid"] for w in before["workers"] if w["pid"] not in (None, proc.pid)]
+        for pid in workers:
+            freeze(pid)
+        try:
+            conn = RawConnection(address)
+            conn.send_raw(b"".join(encode_frame(qa_request(i, QUESTIONS[i % 6],
+                                                           CONTEXTS[i % 6] * repeat))
+                                   for i in range(total)))
+            deadline = time.monotonic() + 60
+            while (stats := observer.stats(timeout=30))["admitted"] < total:
+                assert time.monotonic() < deadline, stats
+                time.sleep(0.01)
+            assert stats["in_flight"] > 0, "the load finished before the signal"
+            proc.send_signal(signal.SIGTERM)
+        finally:
+            for pid in workers:
+                os.kill(pid, signal.SIGCONT)
         replies = conn.recv_replies(total)
     status = proc.wait(timeout=60)
     reader.join(10)
