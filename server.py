@@ -84,7 +84,6 @@ class InferenceServer:
                                       config.request_timeout_ms, self.auth)
         self.metrics_address: tuple[str, int] | None = None
         self._metrics_httpd: Any = None
-        self._http: Any = None  # http_api.server.HttpFrontEnd, from start()
         self.connections: set[Connection] = set()
         self._lock = threading.Lock()
         #: The addresses served (transport/endpoints.py): bound, TLS and HTTP set by start().
@@ -130,7 +129,7 @@ class InferenceServer:
             if (http := cfg.http_address()) is not None:  # before loading: probes say so
                 from http_api.server import start_http  # uvicorn only where HTTP is served
 
-                self._http = self.net.http = start_http(self, self.net.tls, http)
+                self.net.http = start_http(self, self.net.tls, http)
             self._load(cancel)
             raise_if_cancelled(cancel)  # the last chance: from here on, a stop drains
             listener.start()
@@ -177,6 +176,12 @@ class InferenceServer:
     def address(self) -> tuple[str, int]:
         """The (host, port) the server listens on over TCP."""
         return self.net.address
+
+    @property
+    def _http(self) -> Any:
+        """The HTTP front end (http_api/server.py's ``HttpFrontEnd``) once started; None
+        without one (``--http_port -1``)."""
+        return self.net.http
 
     @property
     def http_address(self) -> tuple[str, int] | None:

@@ -5,8 +5,8 @@ the batching modes the planner knows, the CPU policies workers/ can set. Others 
 by the code that uses them: a TLS certificate that loads, a broker URL that Redis accepts. The
 owning modules publish these (``SETTING_CHOICES`` beside their values, a check function beside
 their code), the program that assembles the server collects them into a ``SettingRegistry``
-(dispatch/registry.py's ``setting_registry``), and settings/ reads the registry it is given: it never
-imports an implementation.
+(dispatch/registry.py's ``setting_registry``), and settings/ reads the registry it is given:
+it never imports an implementation.
 """
 
 from __future__ import annotations

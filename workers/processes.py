@@ -34,6 +34,7 @@ from workers import pipe_items as pipe
 from workers.executors import ExecutorSet
 from workers.handle import WorkerHandle
 from workers.launch import exit_words, spawn, wait_exit
+from workers.stats_answers import new_token
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +327,7 @@ class ProcessBackend:
 
     def worker_figures(self, timeout: float = 2.0) -> list[dict[str, Any]]:
         """Each worker's state and, where it answers within ``timeout``, its batch figures."""
-        token = next(self._ids)
+        token = new_token()  # as the executors' queries take theirs
         for handle in self.handles:
             if handle.state == "serving":
                 handle.answers.expect(token)
